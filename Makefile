@@ -1,0 +1,37 @@
+# Two commands do all the set-up: `make demo` and `make test`. Both create .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py constraints.txt | cksum | cut -d' ' -f1)
+
+.PHONY: demo test test-all lint bench install clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip setuptools wheel
+
+$(STAMP): $(PY) pyproject.toml setup.py constraints.txt
+	$(PIP) install --quiet -c constraints.txt -e ".[dev]"
+	rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/birdenv demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q -m ""
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+bench: $(STAMP)
+	$(PY) -m pytest benchmarks -q -m "" --benchmark-only
+
+clean:
+	rm -rf $(VENV) build *.egg-info birdenv/replicas/*.so

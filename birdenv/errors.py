@@ -1,0 +1,46 @@
+"""Errors raised by birdenv, all under one root so callers can catch :class:`BirdEnvError`."""
+
+from __future__ import annotations
+
+
+class BirdEnvError(Exception):
+    """Root of every error birdenv raises on purpose."""
+
+
+class TaskFormatError(BirdEnvError, ValueError):
+    """A task row is malformed; the message names the file, the line and the field."""
+
+
+class UnknownSuiteError(BirdEnvError, KeyError):
+    """No bundled suite has this name and no such task file exists."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class DatabaseNotFoundError(BirdEnvError, FileNotFoundError):
+    """A task's database file does not exist where the layout says it should."""
+
+
+class SuiteBuildError(BirdEnvError):
+    """A bundled suite could not be built or failed its content-hash check."""
+
+
+class PreprocessError(BirdEnvError):
+    """A task's ``preprocess_sql`` failed while preparing a session (never swallowed)."""
+
+
+class PoolClosedError(BirdEnvError):
+    """The replica pool was used after it was closed."""
+
+
+class PoolTimeoutError(BirdEnvError, TimeoutError):
+    """No session could be leased before the timeout."""
+
+
+class BaseCorruptedError(BirdEnvError):
+    """A base database no longer matches its content hash and will not be served."""
+
+
+class SessionClosedError(BirdEnvError):
+    """A session was used after it was closed or reset."""

@@ -1,0 +1,221 @@
+"""Tasks in the official BIRD-CRITIC form, and loading them from a suite name or a JSONL file.
+
+A task row (one JSON object per line) carries the official fields: ``instance_id``, ``db_id``,
+``dialect``, ``category``, ``query``, ``issue_sql``, ``preprocess_sql``, ``clean_up_sql``,
+``sol_sql``, ``test_cases``, ``conditions``, ``efficiency``. SQL list fields may also be strings
+joined with the literal separator ``[split]``; the older names ``selected_database`` and
+``error_sql`` are accepted for ``db_id`` and ``issue_sql``.
+
+Databases follow the official layout ``{db_dir}/{db_id}/{db_id}_template.sqlite``, so the official
+``bird-critic-1.0-sqlite`` and ``six-gym-sqlite`` data work unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from birdenv.errors import DatabaseNotFoundError, TaskFormatError
+
+__all__ = ["CATEGORIES", "Task", "database_path", "iter_tasks", "load_tasks", "parse_task"]
+
+#: The three categories of BIRD-CRITIC.
+CATEGORIES = ("Query", "Management", "Personalization")
+
+_SPLIT = re.compile(r"\[split\]\s*")
+_ALIASES = {"selected_database": "db_id", "error_sql": "issue_sql"}
+_SQL_LISTS = ("issue_sql", "preprocess_sql", "clean_up_sql", "sol_sql")
+
+
+def database_path(db_dir: str | Path, db_id: str) -> Path:
+    """The official location of a task database: ``{db_dir}/{db_id}/{db_id}_template.sqlite``."""
+    return Path(db_dir) / db_id / f"{db_id}_template.sqlite"
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One BIRD-CRITIC task: a database, a user's issue, their broken SQL, the fix and its tests.
+
+    ``db_dir`` is not part of the official row: it says where the task's database lives and is set
+    by :func:`load_tasks` (bundled suites know theirs; for a JSONL file pass ``db_dir=``).
+    """
+
+    instance_id: str
+    db_id: str
+    query: str
+    issue_sql: list[str]
+    sol_sql: list[str] = dataclasses.field(default_factory=list)
+    preprocess_sql: list[str] = dataclasses.field(default_factory=list)
+    clean_up_sql: list[str] = dataclasses.field(default_factory=list)
+    test_cases: list[str] = dataclasses.field(default_factory=list)
+    conditions: dict[str, Any] = dataclasses.field(default_factory=dict)
+    category: str = "Query"
+    dialect: str = "SQLite"
+    efficiency: bool = False
+    external_data: Any = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+    db_dir: Path | None = dataclasses.field(default=None, compare=False)
+
+    @property
+    def db_path(self) -> Path:
+        """The task's template database; raises :class:`DatabaseNotFoundError` if it is missing."""
+        if self.db_dir is None:
+            raise DatabaseNotFoundError(
+                f"task {self.instance_id!r} has no database directory: "
+                "load it with load_tasks(path, db_dir=...) or use a bundled suite"
+            )
+        path = database_path(self.db_dir, self.db_id)
+        if not path.is_file():
+            raise DatabaseNotFoundError(
+                f"database {self.db_id!r} of task {self.instance_id!r} not found at {path} "
+                "(expected layout: {db_dir}/{db_id}/{db_id}_template.sqlite)"
+            )
+        return path
+
+    def to_dict(self) -> dict[str, Any]:
+        """The task as an official JSONL row (lists, not ``[split]`` strings)."""
+        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        row.pop("db_dir")
+        extra = row.pop("extra")
+        return {**extra, **row}
+
+
+def split_sql_field(value: Any) -> list[str]:
+    """An SQL list field as the official evaluator reads it.
+
+    Strings are split on ``[split]`` with surrounding whitespace stripped and empty pieces dropped;
+    lists are kept as they are; anything falsy is an empty list.
+
+    >>> split_sql_field("SELECT 1;[split] SELECT 2")
+    ['SELECT 1;', 'SELECT 2']
+    >>> split_sql_field(["SELECT 1"])
+    ['SELECT 1']
+    """
+    if not value:
+        return []
+    if isinstance(value, str):
+        return [s.strip() for s in _SPLIT.split(value) if s.strip()]
+    if isinstance(value, list):
+        return list(value)
+    raise TypeError(f"expected a list of strings or a [split]-joined string, got {type(value).__name__}")
+
+
+def parse_task(
+    row: Any, *, source: str = "<row>", line: int = 0, db_dir: str | Path | None = None
+) -> Task:
+    """Build a :class:`Task` from one decoded JSONL row, naming ``source:line`` and the field on error."""
+    where = f"{source}:{line}" if line else source
+
+    def fail(field: str, why: str) -> TaskFormatError:
+        return TaskFormatError(f"{where}: field {field!r}: {why}")
+
+    if not isinstance(row, dict):
+        raise TaskFormatError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    data = dict(row)
+    for old, new in _ALIASES.items():
+        if old in data and new not in data:
+            data[new] = data.pop(old)
+        else:
+            data.pop(old, None)
+
+    kwargs: dict[str, Any] = {}
+    for field in ("instance_id", "db_id"):
+        value = data.pop(field, None)
+        if isinstance(value, int) and field == "instance_id":
+            value = str(value)
+        if not isinstance(value, str) or not value:
+            raise fail(field, "missing or not a non-empty string")
+        kwargs[field] = value
+    if "/" in kwargs["db_id"] or kwargs["db_id"] in (".", ".."):
+        raise fail("db_id", f"not a plain database name: {kwargs['db_id']!r}")
+
+    query = data.pop("query", "")
+    if not isinstance(query, str):
+        raise fail("query", "not a string")
+    kwargs["query"] = query
+
+    for field in _SQL_LISTS:
+        try:
+            statements = split_sql_field(data.pop(field, None))
+        except TypeError as exc:
+            raise fail(field, str(exc)) from None
+        if not all(isinstance(s, str) for s in statements):
+            raise fail(field, "every element must be a string")
+        kwargs[field] = statements
+
+    tests = data.pop("test_cases", None) or []
+    if isinstance(tests, str):
+        tests = [tests]
+    if not isinstance(tests, list) or not all(isinstance(t, str) for t in tests):
+        raise fail("test_cases", "expected a list of Python source strings")
+    kwargs["test_cases"] = tests
+
+    conditions = data.pop("conditions", None) or {}
+    if not isinstance(conditions, dict):
+        raise fail("conditions", "expected a JSON object such as {\"order\": true}")
+    kwargs["conditions"] = conditions
+
+    category = data.pop("category", "Query") or "Query"
+    if not isinstance(category, str):
+        raise fail("category", "not a string")
+    kwargs["category"] = category
+    kwargs["dialect"] = str(data.pop("dialect", "SQLite") or "SQLite")
+    kwargs["efficiency"] = bool(data.pop("efficiency", False))
+    kwargs["external_data"] = data.pop("external_data", None)
+    return Task(**kwargs, extra=data, db_dir=Path(db_dir) if db_dir is not None else None)
+
+
+def iter_tasks(
+    path: str | Path, *, db_dir: str | Path | None = None
+) -> Iterator[Task | TaskFormatError]:
+    """Yield each row of a JSONL file as a :class:`Task`, or as the :class:`TaskFormatError` it raised.
+
+    Lets a caller judge the good rows of a file and report the broken ones.
+    """
+    path = Path(path)
+    with path.open(encoding="utf-8") as fh:
+        for lineno, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as exc:
+                yield TaskFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})")
+                continue
+            try:
+                yield parse_task(row, source=str(path), line=lineno, db_dir=db_dir)
+            except TaskFormatError as exc:
+                yield exc
+
+
+def load_tasks(source: str | Path, *, db_dir: str | Path | None = None) -> list[Task]:
+    """Load tasks from a bundled suite's name (``"critic-mini"``) or from an official JSONL file.
+
+    A bundled suite is built on first use and its tasks know their database directory; for a file,
+    ``db_dir`` is the folder holding ``{db_id}/{db_id}_template.sqlite``. The first malformed row
+    raises :class:`TaskFormatError` naming the file, line and field.
+    """
+    from birdenv import suites  # a suite builds databases: import it only when a name is used
+
+    if isinstance(source, str) and suites.is_suite(source):
+        suite = suites.ensure(source)
+        source, db_dir = suite.tasks_path, (db_dir or suite.db_dir)
+    path = Path(source)
+    if not path.is_file():
+        raise suites.UnknownSuiteError(
+            f"{str(source)!r} is neither a bundled suite ({', '.join(suites.names())}) nor a file"
+        )
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    for item in iter_tasks(path, db_dir=db_dir):
+        if isinstance(item, TaskFormatError):
+            raise item
+        if item.instance_id in seen:
+            raise TaskFormatError(f"{path}: field 'instance_id': {item.instance_id!r} appears twice")
+        seen[item.instance_id] = 1
+        tasks.append(item)
+    return tasks

@@ -1,0 +1,21 @@
+"""Build hook for the optional C page-overlay VFS.
+
+The extension links the system ``libsqlite3`` so that, where Python's ``_sqlite3`` links the same
+shared library, the VFS registers into the very library stdlib connections use. The build is
+optional: without a compiler or SQLite headers the package still installs and the replica pool
+falls back to the ``copy`` strategy (see ``birdenv doctor``).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "birdenv.replicas._overlay",
+            sources=["birdenv/replicas/overlay.c"],
+            libraries=["sqlite3"],
+            extra_compile_args=["-O2", "-Wall"],
+            optional=True,
+        )
+    ]
+)
