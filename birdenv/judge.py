@@ -1,0 +1,514 @@
+"""The official BIRD-CRITIC-SQLite evaluation, exactly, and faster.
+
+:func:`judge` gives the verdict the official evaluator gives, including its quirks:
+
+1. A fresh state; ``preprocess_sql`` (errors ignored, the first one stops it); the *issue* SQL; the
+   tests. If the issue SQL passes every test, the instance fails whatever was predicted.
+2. A fresh state again; ``preprocess_sql``; the prediction, one list element per ``execute``,
+   committed after each, the first error stops it and fails the instance (two statements in one
+   string is such an error); then every test on the same connection (the default ``ex_base`` test
+   when the task has none). Any failed assertion or exception fails the instance.
+3. ``clean_up_sql``, errors ignored.
+
+What differs is only how: states are copy-on-write sessions from a
+:class:`~birdenv.replicas.ReplicaPool` instead of file copies, statements run in-process, every
+statement can have a deadline (the official evaluator has none) and the instance has an overall
+deadline (the official 180 s), and test code's output is captured with a bound.
+
+Test code runs with the official helper names in scope: ``perform_query_on_sqlite_databases``,
+``execute_queries``, ``ex_base``, ``check_sql_function_usage``, ``remove_distinct``,
+``remove_comments``, ``remove_round``, ``preprocess_results``, ``pred_query_result`` and ``date``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import io
+import json
+import re
+import signal
+import sqlite3
+import threading
+import time
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from birdenv.errors import BirdEnvError
+from birdenv.replicas.pool import ReplicaPool
+from birdenv.replicas.session import MAX_ROWS, Limits, Session, run_statement
+from birdenv.tasks import Task, split_sql_field
+
+__all__ = [
+    "DEFAULT_TEST",
+    "INSTANCE_TIMEOUT",
+    "Verdict",
+    "check_sql_function_usage",
+    "default_pool",
+    "judge",
+    "preprocess_results",
+    "remove_comments",
+    "remove_distinct",
+    "remove_round",
+]
+
+#: The official evaluator's per-instance limit, in seconds.
+INSTANCE_TIMEOUT = 180.0
+#: The test used when a task has none, as the official evaluator defines it.
+DEFAULT_TEST = '''
+def test_case(pred_sqls, sol_sqls, db_path, conn, conditions):
+    pred_sqls = remove_comments(pred_sqls)
+    sol_sqls = remove_comments(sol_sqls)
+    pred_sqls = remove_distinct(pred_sqls)
+    pred_sqls = remove_round(pred_sqls)
+    sol_sqls = remove_distinct(sol_sqls)
+    sol_sqls = remove_round(sol_sqls)
+    result = ex_base(pred_sqls, sol_sqls, db_path, conn, conditions)
+    assert result == 1, f"ex_base returned {result} but expected 1."
+    return result
+'''
+# What the official evaluator prepends to every test's source.
+_TEST_PRELUDE = "import datetime\nfrom datetime import date\n"
+_TEST_CALL = "\n__test_case_result__ = test_case(pred_sqls, sol_sqls, db_path, conn, **kwargs)"
+# Captured test output kept per verdict; the rest is dropped, never buffered.
+_MAX_CAPTURE = 64 << 10
+
+
+# -- the official text transforms, written from their documented behaviour ------------------
+def remove_comments(sql_list: list[str]) -> list[str]:
+    """Drop ``/* */`` comments and ``--`` comments that end with a newline; squeeze blank lines.
+
+    A ``--`` comment on the last line (no newline after it) stays, as in the official helper.
+
+    >>> remove_comments(["SELECT 1 -- one\\nFROM t /* x */"])
+    ['SELECT 1 \\nFROM t']
+    """
+    cleaned = []
+    for sql in sql_list:
+        sql = re.sub(r"/\*.*?\*/", "", sql, flags=re.DOTALL)
+        sql = re.sub(r"--.*?(\r\n|\r|\n)", r"\1", sql)
+        sql = re.sub(r"\n\s*\n+", "\n", sql)
+        cleaned.append(sql.strip())
+    return cleaned
+
+
+def remove_distinct(sql_list: list[str]) -> list[str]:
+    """Drop every space-separated token that is the word DISTINCT, in any case.
+
+    >>> remove_distinct(["SELECT DISTINCT a FROM t", "SELECT COUNT(DISTINCT a) FROM t"])
+    ['SELECT a FROM t', 'SELECT COUNT(DISTINCT a) FROM t']
+    """
+    return [" ".join(t for t in sql.split(" ") if t.lower() != "distinct") for sql in sql_list]
+
+
+_ROUND = re.compile(r"ROUND\s*\(", re.IGNORECASE)
+
+
+def _matching_paren(text: str, open_at: int) -> int:
+    depth = 0
+    for i in range(open_at, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def _first_argument_end(text: str, start: int) -> int:
+    depth = 0
+    for i in range(start, len(text)):
+        char = text[i]
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            if depth == 0:
+                return i
+            depth -= 1
+        elif char == "," and depth == 0:
+            return i
+    return len(text)
+
+
+def remove_round(sql_list: list[str]) -> list[str]:
+    """Replace every ``ROUND(x, n)`` (nested too, any case) by its first argument ``x``.
+
+    Matching is textual, like the official helper: no word boundary, parentheses in strings count.
+
+    >>> remove_round(["SELECT ROUND(ROUND(price, 2), 1) FROM t"])
+    ['SELECT price FROM t']
+    """
+    cleaned = []
+    for sql in sql_list:
+        while match := _ROUND.search(sql):
+            open_at = match.end() - 1
+            close_at = _matching_paren(sql, open_at)
+            if close_at == -1:
+                break
+            argument = sql[open_at + 1 : _first_argument_end(sql, open_at + 1)].strip()
+            sql = sql[: match.start()] + argument + sql[close_at + 1 :]
+        cleaned.append(sql)
+    return cleaned
+
+
+def _round_value(item: Any, places: int) -> Any:
+    if isinstance(item, Decimal):
+        return item.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+    if isinstance(item, float):
+        return round(item, places)
+    if isinstance(item, (list, tuple)):
+        return type(item)(_round_value(x, places) for x in item)
+    if isinstance(item, dict):
+        return {k: _round_value(v, places) for k, v in item.items()}
+    return item
+
+
+def preprocess_results(results: Any, decimal_places: int = 2) -> list[tuple[Any, ...]]:
+    """Normalise result rows for comparison: dates as ``YYYY-MM-DD``, floats rounded, JSON for
+    dicts and lists.
+
+    >>> preprocess_results([(1.005, "a"), (2.0, None)])
+    [(1.0, 'a'), (2.0, None)]
+    """
+    processed = []
+    for row in results:
+        items = []
+        for item in row:
+            if isinstance(item, (datetime.date, datetime.datetime)):
+                items.append(item.strftime("%Y-%m-%d"))
+                continue
+            item = _round_value(item, decimal_places)
+            items.append(json.dumps(item, sort_keys=True) if isinstance(item, (dict, list)) else item)
+        processed.append(tuple(items))
+    return processed
+
+
+def check_sql_function_usage(sqls: list[str], required_keywords: list[str]) -> int:
+    """1 if every keyword occurs (case-insensitively) somewhere in the SQL, else 0.
+
+    >>> check_sql_function_usage(["SELECT strftime('%Y', d) FROM t"], ["STRFTIME"])
+    1
+    """
+    if not sqls:
+        return 0
+    combined = " ".join(sql.lower() for sql in sqls)
+    return int(all(kw.lower() in combined for kw in required_keywords))
+
+
+# -- verdicts ---------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Verdict:
+    """The judge's decision on one instance.
+
+    ``status`` is ``"success"`` or ``"failed"``; ``phase`` says where it failed: ``"issue"`` (the
+    issue SQL passed every test, so the task cannot be judged), ``"prediction"`` (a predicted
+    statement raised), ``"timeout"`` (a deadline passed), ``"tests"`` (a test failed) or
+    ``"setup"`` (the database could not be prepared); ``tests_passed``/``tests_total`` count the
+    tests of the prediction phase (the default test counts as one).
+    """
+
+    instance_id: str
+    status: str
+    phase: str | None = None
+    error: str | None = None
+    tests_passed: int = 0
+    tests_total: int = 0
+    failed_tests: list[str] = dataclasses.field(default_factory=list)
+    issue_passed: bool = False
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """True when the instance succeeded."""
+        return self.status == "success"
+
+    @property
+    def fraction(self) -> float:
+        """Tests passed ÷ tests run in the prediction phase (0 when it never reached the tests)."""
+        return self.tests_passed / self.tests_total if self.tests_total else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict as a JSON-ready dict (``instance_id``, ``status`` and the details)."""
+        return dataclasses.asdict(self)
+
+
+class _Deadline(Exception):
+    """Raised inside test code when the instance's deadline passes."""
+
+
+@dataclasses.dataclass
+class _Phase:
+    execution_error: bool = False
+    timeout: bool = False
+    assertion_error: bool = False
+    passed: int = 0
+    total: int = 0
+    failed: list[str] = dataclasses.field(default_factory=list)
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.execution_error or self.timeout or self.assertion_error)
+
+
+class _Runner:
+    """Runs one instance's statements and tests with the official helper semantics."""
+
+    def __init__(self, deadline: float, statement_timeout: float | None) -> None:
+        self.deadline = deadline
+        self.statement_timeout = statement_timeout
+        self.session: Session | None = None
+        self.extra_connections: list[sqlite3.Connection] = []
+
+    def _statement_deadline(self) -> float:
+        if self.statement_timeout is None:
+            return self.deadline
+        return min(self.deadline, time.monotonic() + self.statement_timeout)
+
+    # The official helpers, bound to the current session and deadlines.
+    def perform_query_on_sqlite_databases(
+        self, query: str, db_path: str, conn: sqlite3.Connection | None = None, query_timeout: int = 30
+    ) -> tuple[Any, sqlite3.Connection]:
+        if conn is None:
+            assert self.session is not None
+            conn = self.session.connect()
+            self.extra_connections.append(conn)
+        rows, _, _ = run_statement(conn, query, max_rows=MAX_ROWS, deadline=self._statement_deadline())
+        return rows, conn
+
+    def execute_queries(
+        self,
+        queries: Any,
+        db_path: str,
+        conn: sqlite3.Connection | None,
+        logger: Any = None,
+        section_title: str = "",
+        return_error: bool = False,
+    ) -> tuple:
+        result = None
+        execution_error = timeout_error = False
+        message = ""
+        if isinstance(queries, str):
+            queries = [queries]
+        for i, query in enumerate(queries, 1):
+            try:
+                result, conn = self.perform_query_on_sqlite_databases(query, db_path, conn)
+            except sqlite3.OperationalError as exc:
+                text = str(exc).lower()
+                if "database is locked" in text or "timeout" in text or "complex query skipped" in text:
+                    timeout_error = True
+                    message += f"Timeout/Skip error executing query {i}: {exc}\n"
+                else:
+                    execution_error = True
+                    message += f"OperationalError executing query {i}: {exc}\n"
+                break
+            except sqlite3.Error as exc:
+                execution_error = True
+                message += f"SQLite Error executing query {i}: {exc}\n"
+                break
+            except Exception as exc:
+                execution_error = True
+                message += f"Generic error executing query {i}: {exc}\n"
+                break
+        if return_error:
+            return result, execution_error, timeout_error, message
+        return result, execution_error, timeout_error
+
+    def ex_base(
+        self, pred_sqls: list[str], sol_sqls: list[str], db_path: str, conn: sqlite3.Connection,
+        conditions: dict | None = None,
+    ) -> int:
+        if not pred_sqls or not sol_sqls:
+            return 0
+        predicted, pred_err, pred_to = self.execute_queries(pred_sqls, db_path, conn, None, "")
+        gold, gold_err, gold_to = self.execute_queries(sol_sqls, db_path, conn, None, "")
+        if pred_err or pred_to or gold_err or gold_to:
+            return 0
+        predicted = preprocess_results(predicted)
+        gold = preprocess_results(gold)
+        if not predicted or not gold:
+            return 0
+        if conditions is not None and conditions.get("order", False):
+            return int(predicted == gold)
+        return int(set(predicted) == set(gold))
+
+    def close_extra_connections(self) -> None:
+        while self.extra_connections:
+            self.extra_connections.pop().close()
+
+    def namespace(self, pred_query_result: Any) -> dict[str, Any]:
+        return {
+            "perform_query_on_sqlite_databases": self.perform_query_on_sqlite_databases,
+            "execute_queries": self.execute_queries,
+            "ex_base": self.ex_base,
+            "check_sql_function_usage": check_sql_function_usage,
+            "remove_distinct": remove_distinct,
+            "remove_comments": remove_comments,
+            "remove_round": remove_round,
+            "preprocess_results": preprocess_results,
+            "pred_query_result": pred_query_result,
+            "date": datetime.date,
+        }
+
+    def run_test(self, source: str, result: Any, pred_sqls: list[str], task: Task, conn) -> str | None:
+        """Run one test's source; None when it passed, else the reason it failed."""
+        assert self.session is not None
+        global_env = self.namespace(result)
+        # Separate globals and locals, as the official evaluator: names the test source defines
+        # at top level are not visible inside test_case.
+        local_env = {
+            "conn": conn,
+            "pred_sqls": pred_sqls,
+            "sol_sqls": list(task.sol_sql),
+            "db_path": self.session.db_path,
+            "kwargs": {"conditions": task.conditions},
+        }
+        sink = _BoundedText(_MAX_CAPTURE)
+        try:
+            with contextlib.redirect_stdout(sink), _alarm(self.deadline):
+                exec(_TEST_PRELUDE + source + _TEST_CALL, global_env, local_env)  # noqa: S102
+        except AssertionError as exc:
+            return f"Test case failed due to assertion error: {exc}"
+        except _Deadline:
+            return "timeout: the instance deadline passed while a test was running"
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit too: test code must not end the judge
+            return f"Test case failed due to error: {exc}"
+        return None
+
+    def evaluation_phase(self, statements: list[str], task: Task, tests: list[str]) -> _Phase:
+        assert self.session is not None
+        conn = self.session.conn
+        phase = _Phase(total=len(tests))
+        result, phase.execution_error, phase.timeout, message = self.execute_queries(
+            statements, self.session.db_path, conn, None, "", return_error=True
+        )
+        if message:
+            phase.errors.append(message.strip())
+        if phase.execution_error or phase.timeout:
+            return phase
+        for i, source in enumerate(tests, 1):
+            failure = self.run_test(source, result, statements, task, conn)
+            if failure is None:
+                phase.passed += 1
+                continue
+            phase.failed.append(f"test_{i}")
+            phase.errors.append(failure)
+            if failure.startswith("timeout"):
+                phase.timeout = True
+        phase.assertion_error = bool(phase.failed) and not phase.timeout
+        return phase
+
+
+class _BoundedText(io.TextIOBase):
+    """A text sink that keeps the first ``limit`` characters and counts the rest."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.parts, self.size = limit, [], 0
+
+    def write(self, text: str) -> int:
+        if self.size < self.limit:
+            self.parts.append(text[: self.limit - self.size])
+        self.size += len(text)
+        return len(text)
+
+
+@contextlib.contextmanager
+def _alarm(deadline: float):
+    """Interrupt Python test code at ``deadline`` (SIGALRM, main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise _Deadline()
+
+    def fire(signum, frame):
+        raise _Deadline()
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, remaining)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+_pool: ReplicaPool | None = None
+_pool_lock = threading.Lock()
+
+
+def default_pool() -> ReplicaPool:
+    """The process-wide pool the judge uses when none is given (created on first use)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ReplicaPool(limits=Limits(statement_timeout=None, max_result_bytes=None))
+        return _pool
+
+
+def judge(
+    task: Task,
+    pred_sqls: list[str] | str,
+    *,
+    pool: ReplicaPool | None = None,
+    statement_timeout: float | None = None,
+    instance_timeout: float = INSTANCE_TIMEOUT,
+) -> Verdict:
+    """Judge a prediction for ``task`` exactly as the official BIRD-CRITIC-SQLite evaluator does.
+
+    ``pred_sqls`` is the list of statements (a string is split on ``[split]``, as the official
+    reader does). ``statement_timeout`` bounds each statement (default: only the instance
+    deadline, like the official evaluator); ``instance_timeout`` bounds the whole instance.
+    Problems with the prediction are verdicts, never exceptions; a missing database is a
+    ``"setup"`` failure.
+    """
+    pool = pool or default_pool()
+    statements = split_sql_field(pred_sqls)
+    tests = list(task.test_cases) or [DEFAULT_TEST]
+    runner = _Runner(time.monotonic() + instance_timeout, statement_timeout)
+    verdict = Verdict(instance_id=task.instance_id, status="failed", tests_total=len(tests))
+    started = time.perf_counter()
+    try:
+        issue_phase = None
+        if task.issue_sql:
+            with pool.session(task, preprocess=False) as session:
+                runner.session = session
+                runner.execute_queries(task.preprocess_sql, session.db_path, session.conn)
+                issue_phase = runner.evaluation_phase(list(task.issue_sql), task, tests)
+                runner.close_extra_connections()
+            verdict.timings["issue"] = time.perf_counter() - started
+            verdict.issue_passed = issue_phase.clean
+        mark = time.perf_counter()
+        with pool.session(task, preprocess=False) as session:
+            runner.session = session
+            runner.execute_queries(task.preprocess_sql, session.db_path, session.conn)
+            phase = runner.evaluation_phase(statements, task, tests)
+            if task.clean_up_sql:
+                runner.execute_queries(task.clean_up_sql, session.db_path, session.conn)
+            runner.close_extra_connections()
+        verdict.timings["prediction"] = time.perf_counter() - mark
+    except (BirdEnvError, sqlite3.Error, OSError) as exc:
+        verdict.phase, verdict.error = "setup", f"{type(exc).__name__}: {exc}"
+        verdict.timings["total"] = time.perf_counter() - started
+        return verdict
+    verdict.tests_passed, verdict.failed_tests = phase.passed, phase.failed
+    errors = list(phase.errors)
+    if verdict.issue_passed:
+        errors.insert(0, "issue_sql passed all tests: the task does not demonstrate a problem")
+        verdict.phase = "issue"
+    elif phase.timeout:
+        verdict.phase = "timeout"
+    elif phase.execution_error:
+        verdict.phase = "prediction"
+    elif phase.assertion_error:
+        verdict.phase = "tests"
+    else:
+        verdict.status = "success"
+    verdict.error = "\n".join(errors) or None
+    verdict.timings["total"] = time.perf_counter() - started
+    return verdict

@@ -1,0 +1,40 @@
+"""The authorizer policy: what a statement in a session may not do.
+
+SQLite calls the authorizer for every action while it prepares a statement, so a denial is an
+ordinary ``sqlite3.DatabaseError`` ("not authorized") and nothing has run. The policy keeps a
+session inside its own state: no other files (ATTACH, ``VACUUM INTO``, which SQLite authorizes as an
+ATTACH), no extensions, and no pragmas that point SQLite at directories or other files. Everything
+a BIRD-CRITIC task may legitimately do, including ``PRAGMA foreign_keys``/``journal_mode``, DDL,
+triggers and transactions, stays allowed: a session's files are private, so changing them is safe.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+__all__ = ["DENIED_FUNCTIONS", "DENIED_PRAGMAS", "authorizer"]
+
+#: Functions that reach outside the database (extensions, the file system, the tokenizer hook).
+DENIED_FUNCTIONS = frozenset(
+    {"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer", "zipfile", "lsdir"}
+)
+#: Pragmas that change where SQLite writes, or that could escape the session's files.
+# mmap_size: the overlay serves pages through xRead; a map of the private sparse file would not.
+DENIED_PRAGMAS = frozenset({"temp_store_directory", "data_store_directory", "mmap_size"})
+
+_ATTACH = sqlite3.SQLITE_ATTACH
+_PRAGMA = sqlite3.SQLITE_PRAGMA
+_FUNCTION = sqlite3.SQLITE_FUNCTION
+_OK = sqlite3.SQLITE_OK
+_DENY = sqlite3.SQLITE_DENY
+
+
+def authorizer(action: int, arg1: str | None, arg2: str | None, db: str | None, source: str | None) -> int:
+    """``sqlite3.Connection.set_authorizer`` callback enforcing the session policy."""
+    if action == _ATTACH:
+        return _DENY
+    if action == _FUNCTION and arg2 is not None and arg2.lower() in DENIED_FUNCTIONS:
+        return _DENY
+    if action == _PRAGMA and arg1 is not None and arg1.lower() in DENIED_PRAGMAS:
+        return _DENY
+    return _OK

@@ -1,0 +1,234 @@
+"""A trajectory's session: one persistent stdlib ``sqlite3`` connection on a private state.
+
+Statements run exactly the way the official BIRD-CRITIC evaluator runs them (see
+:func:`run_statement`), so what an agent sees while exploring is what the judge will see. Every
+statement is bounded: a deadline (progress handler), a row cap, a byte cap on the result, and the
+strategy's own cap on the session's private disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from birdenv.errors import SessionClosedError
+from birdenv.replicas.guard import authorizer
+
+__all__ = ["MAX_ROWS", "Limits", "Result", "Session", "StatementTimeout", "run_statement"]
+
+#: The official evaluator returns at most this many rows for SELECT/WITH statements.
+MAX_ROWS = 10_000
+# How many SQLite VM instructions run between deadline checks: cheap, and fine-grained enough
+# that a runaway statement stops within milliseconds of its deadline.
+_PROGRESS_STEPS = 2_000
+
+
+class StatementTimeout(sqlite3.OperationalError):
+    """A statement ran past its deadline and was interrupted."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Bounds applied to every statement of a session.
+
+    ``statement_timeout`` in seconds (``None``: no deadline); ``max_rows`` rows kept per result
+    (the official cap); ``max_result_bytes`` approximate bytes of a result kept (``None``: no cap);
+    ``max_session_bytes`` bytes the session may write to its private disk (``None``: no cap).
+    """
+
+    statement_timeout: float | None = 30.0
+    max_rows: int = MAX_ROWS
+    max_result_bytes: int | None = 4 << 20
+    max_session_bytes: int | None = 1 << 30
+
+    def __post_init__(self) -> None:
+        if self.statement_timeout is not None and self.statement_timeout <= 0:
+            raise ValueError("statement_timeout must be positive seconds or None")
+        if self.max_rows < 1:
+            raise ValueError("max_rows must be at least 1")
+
+
+@dataclasses.dataclass
+class Result:
+    """What one statement produced: rows and columns, or the SQLite error message."""
+
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+    rowcount: int
+    truncated: bool
+    error: str | None
+    elapsed: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when the statement ran without error."""
+        return self.error is None
+
+
+def _row_bytes(row: tuple[Any, ...]) -> int:
+    return sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in row) + 8
+
+
+def _fetch(cursor: sqlite3.Cursor, max_rows: int, max_bytes: int | None) -> tuple[list, bool]:
+    """Fetch at most ``max_rows`` rows and about ``max_bytes``; say whether more were left."""
+    rows: list[tuple[Any, ...]] = []
+    size = 0
+    while len(rows) < max_rows:
+        batch = cursor.fetchmany(min(512, max_rows - len(rows)))
+        if not batch:
+            return rows, False
+        for row in batch:
+            size += _row_bytes(row)
+            if max_bytes is not None and size > max_bytes:
+                return rows, True
+            rows.append(row)
+    return rows, cursor.fetchone() is not None
+
+
+def run_statement(
+    conn: sqlite3.Connection,
+    sql: str,
+    *,
+    max_rows: int = MAX_ROWS,
+    max_other_rows: int | None = None,
+    max_result_bytes: int | None = None,
+    deadline: float | None = None,
+) -> tuple[list[tuple[Any, ...]] | None, list[str], bool]:
+    """Run one statement the way the official evaluator does, and return ``(rows, columns, truncated)``.
+
+    Before each statement the connection is set to ``journal_mode=WAL`` and ``synchronous=OFF``
+    (outside the error handling, as the official code does, so those can fail too); statements
+    starting with ``select``/``with`` are fetched and capped; anything else is committed and then
+    fetched (``None`` if fetching fails; the official code keeps every row, so ``max_other_rows`` is
+    ``None`` when judging and a cap in sessions); an error rolls back and propagates. ``deadline`` is a
+    ``time.monotonic()`` instant past which the statement is interrupted with :class:`StatementTimeout`.
+    """
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = OFF")
+    if deadline is not None:
+        conn.set_progress_handler(lambda: int(time.monotonic() > deadline), _PROGRESS_STEPS)
+    cursor = conn.cursor()
+    try:
+        cursor.execute(sql)
+        columns = [d[0] for d in cursor.description or ()]
+        if sql.strip().lower().startswith(("select", "with")):
+            rows, truncated = _fetch(cursor, max_rows, max_result_bytes)
+            return rows, columns, truncated
+        conn.commit()
+        try:
+            rows, truncated = _fetch(cursor, max_other_rows or sys.maxsize, max_result_bytes)
+        except sqlite3.Error:
+            return None, columns, False
+        return rows, columns, truncated
+    except sqlite3.Error as exc:
+        conn.rollback()
+        if deadline is not None and time.monotonic() > deadline and "interrupt" in str(exc):
+            raise StatementTimeout(f"statement timeout: deadline exceeded ({exc})") from exc
+        raise
+    finally:
+        cursor.close()
+        if deadline is not None:
+            conn.set_progress_handler(None, 0)
+
+
+class Session:
+    """One trajectory's database state and its persistent connection.
+
+    Created by :meth:`birdenv.replicas.ReplicaPool.session`; use it as a context manager. Writes
+    persist across :meth:`execute` calls (and TEMP tables, pragmas and open transactions with them)
+    and are invisible to every other session. ``conn`` is an ordinary ``sqlite3.Connection``.
+    """
+
+    def __init__(
+        self,
+        *,
+        path: Path,
+        connect: Callable[[], sqlite3.Connection],
+        limits: Limits,
+        release: Callable[[Session], None],
+        task_id: str | None = None,
+    ) -> None:
+        self.path = path
+        self.limits = limits
+        self.task_id = task_id
+        self._connect = connect
+        self._release = release
+        self._conn: sqlite3.Connection | None = self.connect()
+
+    @property
+    def db_path(self) -> str:
+        """A path naming this session's state (what the judge passes to test code as ``db_path``)."""
+        return str(self.path)
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The session's persistent connection."""
+        if self._conn is None:
+            raise SessionClosedError("this session is closed; lease a new one from the pool")
+        return self._conn
+
+    @property
+    def closed(self) -> bool:
+        """Whether the session has been closed."""
+        return self._conn is None
+
+    def connect(self) -> sqlite3.Connection:
+        """Open another guarded connection on this session's state (e.g. for test code)."""
+        conn = self._connect()
+        conn.set_authorizer(authorizer)
+        return conn
+
+    def execute(self, sql: str, *, timeout: float | None = None) -> Result:
+        """Run one statement; errors and timeouts come back in the :class:`Result`, never raised."""
+        limit = timeout if timeout is not None else self.limits.statement_timeout
+        start = time.monotonic()
+        deadline = start + limit if limit is not None else None
+        try:
+            rows, columns, truncated = run_statement(
+                self.conn,
+                sql,
+                max_rows=self.limits.max_rows,
+                max_other_rows=self.limits.max_rows,
+                max_result_bytes=self.limits.max_result_bytes,
+                deadline=deadline,
+            )
+        except StatementTimeout:
+            return Result([], [], -1, False, f"statement timed out after {limit:g} s",
+                          time.monotonic() - start, timed_out=True)
+        except (sqlite3.Error, ValueError, OverflowError, MemoryError) as exc:
+            # ValueError: NUL characters; OverflowError: huge integers bound; MemoryError: a
+            # result too large to build. All are the statement's fault, not the caller's.
+            return Result([], [], -1, False, _message(exc), time.monotonic() - start)
+        rows = rows or []
+        return Result(columns, rows, len(rows), truncated, None, time.monotonic() - start)
+
+    def close(self) -> None:
+        """Close the connection and give the state back to the pool (idempotent)."""
+        if self._conn is None:
+            return
+        conn, self._conn = self._conn, None
+        try:
+            conn.close()
+        finally:
+            self._release(self)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<Session {self.task_id or ''} {self.path.name} {state}>"
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if isinstance(exc, sqlite3.Error) else f"{type(exc).__name__}: {text}"

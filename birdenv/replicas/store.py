@@ -1,0 +1,154 @@
+"""Immutable base databases, named by content hash and shared by every process on the machine.
+
+A task's template (``{db_dir}/{db_id}/{db_id}_template.sqlite``) is materialised once into
+``{root}/bases/{sha256}.sqlite`` with SQLite's backup API (a consistent snapshot even of a template
+in WAL mode), made read-only, and hashed. Sessions only ever read a base. Before a base is served
+for the first time in a process its bytes are hashed again; afterwards its size and mtime are
+checked on every lease. A base whose hash no longer matches is moved aside and rebuilt from its
+template, never served.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sqlite3
+import threading
+from pathlib import Path
+
+from filelock import FileLock
+
+from birdenv.errors import BaseCorruptedError, DatabaseNotFoundError
+from birdenv.suites import file_sha256
+
+__all__ = ["Base", "BaseStore"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Base:
+    """An immutable base database file and its content hash."""
+
+    sha256: str
+    path: Path
+    size: int
+    mtime_ns: int
+
+
+class BaseStore:
+    """Content-addressed, read-only copies of task templates under ``{root}/bases``."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.dir = Path(root) / "bases"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._by_source: dict[tuple, Base] = {}
+        self._verified: set[str] = set()
+
+    def base_for(self, template: str | Path) -> Base:
+        """The base of a template, materialised on first use and verified before it is served."""
+        template = Path(template)
+        try:
+            st = template.stat()
+        except FileNotFoundError:
+            raise DatabaseNotFoundError(f"template database not found: {template}") from None
+        key = (str(template.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+        with self._lock:
+            base = self._by_source.get(key) or self._lookup_index(key)
+            if base is None or not self._intact(base):
+                base = self._materialise(template, key)
+            self._by_source[key] = base
+            return base
+
+    def verify(self, base: Base) -> bool:
+        """Re-hash a base's bytes; True when they still match its name."""
+        return base.path.is_file() and file_sha256(base.path) == base.sha256
+
+    def bases(self) -> list[Path]:
+        """Every base file currently in the store."""
+        return sorted(self.dir.glob("*.sqlite"))
+
+    # -- internals -------------------------------------------------------------------------
+    def _index_path(self) -> Path:
+        return self.dir / "sources.json"
+
+    def _lookup_index(self, key: tuple) -> Base | None:
+        try:
+            index = json.loads(self._index_path().read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        sha = index.get("|".join(map(str, key)))
+        path = self.dir / f"{sha}.sqlite"
+        if not sha or not path.is_file():
+            return None
+        st = path.stat()
+        return Base(sha, path, st.st_size, st.st_mtime_ns)
+
+    def _intact(self, base: Base) -> bool:
+        try:
+            st = base.path.stat()
+        except FileNotFoundError:
+            return False
+        if (st.st_size, st.st_mtime_ns) != (base.size, base.mtime_ns):
+            self._quarantine(base, "size or mtime changed")
+            return False
+        if base.sha256 not in self._verified:
+            if not self.verify(base):
+                self._quarantine(base, "content hash mismatch")
+                return False
+            self._verified.add(base.sha256)
+        return True
+
+    def _quarantine(self, base: Base, why: str) -> None:
+        log.error("base %s modified behind the store's back (%s): not served, rebuilding", base.path, why)
+        self._verified.discard(base.sha256)
+        try:
+            os.replace(base.path, base.path.with_suffix(f".corrupt-{os.getpid()}"))
+        except FileNotFoundError:
+            pass
+
+    def _materialise(self, template: Path, key: tuple) -> Base:
+        with FileLock(str(self.dir / ".lock")):
+            tmp = self.dir / f".incoming-{os.getpid()}-{threading.get_ident()}.sqlite"
+            tmp.unlink(missing_ok=True)
+            src = sqlite3.connect(f"file:{_quote(template)}?mode=ro", uri=True)
+            dst = sqlite3.connect(tmp)
+            try:
+                src.backup(dst)
+                # A base must not need a -wal beside it: sessions read it as one plain file.
+                dst.execute("PRAGMA journal_mode = DELETE")
+            finally:
+                src.close()
+                dst.close()
+            sha = file_sha256(tmp)
+            path = self.dir / f"{sha}.sqlite"
+            if path.is_file() and file_sha256(path) == sha:
+                tmp.unlink()
+            else:
+                tmp.chmod(0o444)
+                os.replace(tmp, path)
+            st = path.stat()
+            base = Base(sha, path, st.st_size, st.st_mtime_ns)
+            index_path = self._index_path()
+            try:
+                index = json.loads(index_path.read_text())
+            except (FileNotFoundError, ValueError):
+                index = {}
+            index["|".join(map(str, key))] = sha
+            staging = index_path.with_suffix(f".{os.getpid()}.tmp")
+            staging.write_text(json.dumps(index))
+            os.replace(staging, index_path)
+        if not self.verify(base):  # pragma: no cover - a disk that lies
+            raise BaseCorruptedError(f"freshly materialised base {path} does not match its hash")
+        self._verified.add(sha)
+        log.info("materialised base %s from %s", path.name, template)
+        return base
+
+
+def _quote(path: Path) -> str:
+    from urllib.parse import quote
+
+    return quote(str(path.resolve()))
