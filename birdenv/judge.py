@@ -27,11 +27,14 @@ import dataclasses
 import datetime
 import io
 import json
+import multiprocessing
+import os
 import re
 import signal
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -47,6 +50,7 @@ __all__ = [
     "check_sql_function_usage",
     "default_pool",
     "judge",
+    "judge_many",
     "preprocess_results",
     "remove_comments",
     "remove_distinct",
@@ -56,7 +60,7 @@ __all__ = [
 #: The official evaluator's per-instance limit, in seconds.
 INSTANCE_TIMEOUT = 180.0
 #: The test used when a task has none, as the official evaluator defines it.
-DEFAULT_TEST = '''
+DEFAULT_TEST = """
 def test_case(pred_sqls, sol_sqls, db_path, conn, conditions):
     pred_sqls = remove_comments(pred_sqls)
     sol_sqls = remove_comments(sol_sqls)
@@ -67,7 +71,7 @@ def test_case(pred_sqls, sol_sqls, db_path, conn, conditions):
     result = ex_base(pred_sqls, sol_sqls, db_path, conn, conditions)
     assert result == 1, f"ex_base returned {result} but expected 1."
     return result
-'''
+"""
 # What the official evaluator prepends to every test's source.
 _TEST_PRELUDE = "import datetime\nfrom datetime import date\n"
 _TEST_CALL = "\n__test_case_result__ = test_case(pred_sqls, sol_sqls, db_path, conn, **kwargs)"
@@ -180,7 +184,9 @@ def preprocess_results(results: Any, decimal_places: int = 2) -> list[tuple[Any,
                 items.append(item.strftime("%Y-%m-%d"))
                 continue
             item = _round_value(item, decimal_places)
-            items.append(json.dumps(item, sort_keys=True) if isinstance(item, (dict, list)) else item)
+            items.append(
+                json.dumps(item, sort_keys=True) if isinstance(item, (dict, list)) else item
+            )
         processed.append(tuple(items))
     return processed
 
@@ -269,13 +275,19 @@ class _Runner:
 
     # The official helpers, bound to the current session and deadlines.
     def perform_query_on_sqlite_databases(
-        self, query: str, db_path: str, conn: sqlite3.Connection | None = None, query_timeout: int = 30
+        self,
+        query: str,
+        db_path: str,
+        conn: sqlite3.Connection | None = None,
+        query_timeout: int = 30,
     ) -> tuple[Any, sqlite3.Connection]:
         if conn is None:
             assert self.session is not None
             conn = self.session.connect()
             self.extra_connections.append(conn)
-        rows, _, _ = run_statement(conn, query, max_rows=MAX_ROWS, deadline=self._statement_deadline())
+        rows, _, _ = run_statement(
+            conn, query, max_rows=MAX_ROWS, deadline=self._statement_deadline()
+        )
         return rows, conn
 
     def execute_queries(
@@ -297,7 +309,11 @@ class _Runner:
                 result, conn = self.perform_query_on_sqlite_databases(query, db_path, conn)
             except sqlite3.OperationalError as exc:
                 text = str(exc).lower()
-                if "database is locked" in text or "timeout" in text or "complex query skipped" in text:
+                if (
+                    "database is locked" in text
+                    or "timeout" in text
+                    or "complex query skipped" in text
+                ):
                     timeout_error = True
                     message += f"Timeout/Skip error executing query {i}: {exc}\n"
                 else:
@@ -317,7 +333,11 @@ class _Runner:
         return result, execution_error, timeout_error
 
     def ex_base(
-        self, pred_sqls: list[str], sol_sqls: list[str], db_path: str, conn: sqlite3.Connection,
+        self,
+        pred_sqls: list[str],
+        sol_sqls: list[str],
+        db_path: str,
+        conn: sqlite3.Connection,
         conditions: dict | None = None,
     ) -> int:
         if not pred_sqls or not sol_sqls:
@@ -352,7 +372,9 @@ class _Runner:
             "date": datetime.date,
         }
 
-    def run_test(self, source: str, result: Any, pred_sqls: list[str], task: Task, conn) -> str | None:
+    def run_test(
+        self, source: str, result: Any, pred_sqls: list[str], task: Task, conn
+    ) -> str | None:
         """Run one test's source; None when it passed, else the reason it failed."""
         assert self.session is not None
         global_env = self.namespace(result)
@@ -368,7 +390,7 @@ class _Runner:
         sink = _BoundedText(_MAX_CAPTURE)
         try:
             with contextlib.redirect_stdout(sink), _alarm(self.deadline):
-                exec(_TEST_PRELUDE + source + _TEST_CALL, global_env, local_env)  # noqa: S102
+                exec(_TEST_PRELUDE + source + _TEST_CALL, global_env, local_env)
         except AssertionError as exc:
             return f"Test case failed due to assertion error: {exc}"
         except _Deadline:
@@ -438,17 +460,19 @@ def _alarm(deadline: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-_pool: ReplicaPool | None = None
+_pools: dict[int, ReplicaPool] = {}
 _pool_lock = threading.Lock()
 
 
 def default_pool() -> ReplicaPool:
-    """The process-wide pool the judge uses when none is given (created on first use)."""
-    global _pool
+    """The pool the judge uses when none is given: one per process, created on first use."""
     with _pool_lock:
-        if _pool is None:
-            _pool = ReplicaPool(limits=Limits(statement_timeout=None, max_result_bytes=None))
-        return _pool
+        pool = _pools.get(os.getpid())
+        if pool is None:
+            # The judge sets its own deadlines per statement; results are never byte-capped.
+            pool = ReplicaPool(limits=Limits(statement_timeout=None, max_result_bytes=None))
+            _pools[os.getpid()] = pool
+        return pool
 
 
 def judge(
@@ -512,3 +536,28 @@ def judge(
     verdict.error = "\n".join(errors) or None
     verdict.timings["total"] = time.perf_counter() - started
     return verdict
+
+
+def _judge_job(job: tuple[Task, Any, float | None]) -> Verdict:
+    task, pred_sqls, statement_timeout = job
+    return judge(task, pred_sqls, statement_timeout=statement_timeout)
+
+
+def judge_many(
+    jobs: Iterable[tuple[Task, list[str] | str]],
+    *,
+    processes: int = 1,
+    statement_timeout: float | None = None,
+) -> Iterator[Verdict]:
+    """Judge many ``(task, pred_sqls)`` pairs, in order, over ``processes`` worker processes.
+
+    Each worker has its own pool on the shared replica root, so bases are materialised once for
+    the machine and sessions never collide.
+    """
+    work = ((task, pred, statement_timeout) for task, pred in jobs)
+    if processes <= 1:
+        yield from map(_judge_job, work)
+        return
+    context = multiprocessing.get_context("forkserver")
+    with context.Pool(processes) as workers:
+        yield from workers.imap(_judge_job, work, chunksize=1)

@@ -101,7 +101,9 @@ def split_sql_field(value: Any) -> list[str]:
         return [s.strip() for s in _SPLIT.split(value) if s.strip()]
     if isinstance(value, list):
         return list(value)
-    raise TypeError(f"expected a list of strings or a [split]-joined string, got {type(value).__name__}")
+    raise TypeError(
+        f"expected a list of strings or a [split]-joined string, got {type(value).__name__}"
+    )
 
 
 def parse_task(
@@ -156,7 +158,7 @@ def parse_task(
 
     conditions = data.pop("conditions", None) or {}
     if not isinstance(conditions, dict):
-        raise fail("conditions", "expected a JSON object such as {\"order\": true}")
+        raise fail("conditions", 'expected a JSON object such as {"order": true}')
     kwargs["conditions"] = conditions
 
     category = data.pop("category", "Query") or "Query"
@@ -210,12 +212,14 @@ def load_tasks(source: str | Path, *, db_dir: str | Path | None = None) -> list[
             f"{str(source)!r} is neither a bundled suite ({', '.join(suites.names())}) nor a file"
         )
     tasks: list[Task] = []
-    seen: dict[str, int] = {}
+    seen: set[str] = set()
     for item in iter_tasks(path, db_dir=db_dir):
         if isinstance(item, TaskFormatError):
             raise item
         if item.instance_id in seen:
-            raise TaskFormatError(f"{path}: field 'instance_id': {item.instance_id!r} appears twice")
-        seen[item.instance_id] = 1
+            raise TaskFormatError(
+                f"{path}: field 'instance_id': {item.instance_id!r} appears twice"
+            )
+        seen.add(item.instance_id)
         tasks.append(item)
     return tasks

@@ -29,7 +29,9 @@ _OK = sqlite3.SQLITE_OK
 _DENY = sqlite3.SQLITE_DENY
 
 
-def authorizer(action: int, arg1: str | None, arg2: str | None, db: str | None, source: str | None) -> int:
+def authorizer(
+    action: int, arg1: str | None, arg2: str | None, db: str | None, source: str | None
+) -> int:
     """``sqlite3.Connection.set_authorizer`` callback enforcing the session policy."""
     if action == _ATTACH:
         return _DENY

@@ -88,8 +88,10 @@ class ReplicaPool:
         if strategy in ("auto", "overlay") and not overlay.available():
             if strategy == "overlay":
                 raise RuntimeError(f"overlay strategy unavailable: {overlay.unavailable_reason()}")
-            log.warning("copy-on-write overlay unavailable (%s); using the copy strategy",
-                        overlay.unavailable_reason())
+            log.warning(
+                "copy-on-write overlay unavailable (%s); using the copy strategy",
+                overlay.unavailable_reason(),
+            )
             strategy = "copy"
         elif strategy == "auto":
             strategy = "overlay"
@@ -106,6 +108,7 @@ class ReplicaPool:
         self._counter = itertools.count()
         self._stats = {"leases": 0, "peak_sessions": 0, "resets": 0, "reset_seconds": 0.0}
         self._closed = False
+        self._pid = os.getpid()
         self._prefix = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         # Lock first, then publish under the final name, so a sweeper never sees it unlocked.
         staging = self._sessions_dir / f".{self._prefix}.lock"
@@ -117,7 +120,9 @@ class ReplicaPool:
         log.info("replica pool at %s, strategy %s", self.root, self.strategy)
 
     # -- leasing -------------------------------------------------------------------------
-    def session(self, task: Task, *, preprocess: bool = True, timeout: float | None = None) -> Session:
+    def session(
+        self, task: Task, *, preprocess: bool = True, timeout: float | None = None
+    ) -> Session:
         """A fresh, isolated state of ``task``'s database, with its ``preprocess_sql`` applied.
 
         A failing preprocess statement raises :class:`PreprocessError` (the session is released);
@@ -137,18 +142,27 @@ class ReplicaPool:
                     ) from exc
         return session
 
-    def open_base(self, base: Base, *, task_id: str | None = None, timeout: float | None = None) -> Session:
+    def open_base(
+        self, base: Base, *, task_id: str | None = None, timeout: float | None = None
+    ) -> Session:
         """A fresh session directly on a base (what :meth:`session` uses)."""
         if self._closed:
             raise PoolClosedError("the replica pool is closed")
+        if os.getpid() != self._pid:
+            raise PoolClosedError("this pool belongs to the parent process; create one per process")
         wait = self.timeout if timeout is None else timeout
         if self._slots is not None and not self._slots.acquire(timeout=wait):
             raise PoolTimeoutError(f"no free session slot within {wait:g} s")
         path = self._sessions_dir / f"{self._prefix}-{next(self._counter)}.db"
         try:
             connect = self._prepare(base, path)
-            session = Session(path=path, connect=connect, limits=self.limits,
-                              release=self._release, task_id=task_id)
+            session = Session(
+                path=path,
+                connect=connect,
+                limits=self.limits,
+                release=self._release,
+                task_id=task_id,
+            )
         except BaseException:
             self._discard(path)
             if self._slots is not None:

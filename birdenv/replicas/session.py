@@ -199,8 +199,15 @@ class Session:
                 deadline=deadline,
             )
         except StatementTimeout:
-            return Result([], [], -1, False, f"statement timed out after {limit:g} s",
-                          time.monotonic() - start, timed_out=True)
+            return Result(
+                [],
+                [],
+                -1,
+                False,
+                f"statement timed out after {limit:g} s",
+                time.monotonic() - start,
+                timed_out=True,
+            )
         except (sqlite3.Error, ValueError, OverflowError, MemoryError) as exc:
             # ValueError: NUL characters; OverflowError: huge integers bound; MemoryError: a
             # result too large to build. All are the statement's fault, not the caller's.

@@ -10,6 +10,7 @@ template, never served.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -103,12 +104,12 @@ class BaseStore:
         return True
 
     def _quarantine(self, base: Base, why: str) -> None:
-        log.error("base %s modified behind the store's back (%s): not served, rebuilding", base.path, why)
+        log.error(
+            "base %s modified behind the store's back (%s): not served, rebuilding", base.path, why
+        )
         self._verified.discard(base.sha256)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.replace(base.path, base.path.with_suffix(f".corrupt-{os.getpid()}"))
-        except FileNotFoundError:
-            pass
 
     def _materialise(self, template: Path, key: tuple) -> Base:
         with FileLock(str(self.dir / ".lock")):

@@ -162,7 +162,9 @@ def _write_suite_files(root: Path) -> None:
             row = json.loads(text)
             suite = row.pop("suite", None)
             if suite not in rows:
-                raise SuiteBuildError(f"{path}:{lineno}: field 'suite' must be one of {list(SUITES)}")
+                raise SuiteBuildError(
+                    f"{path}:{lineno}: field 'suite' must be one of {list(SUITES)}"
+                )
             rows[suite].append(json.dumps(row, ensure_ascii=False))
     for name, lines in rows.items():
         tmp = root / f".{name}.jsonl.tmp"
@@ -201,10 +203,15 @@ def ensure(name: str | None = None, *, verify: bool = False, force: bool = False
                 "build_seconds": round(time.perf_counter() - started, 2),
             }
             changed = True
-        if changed or force or not all((root / f"{s}.jsonl").is_file() for s in SUITES):
-            _write_suite_files(root)
-        elif any(p.stat().st_mtime > (root / "critic-mini.jsonl").stat().st_mtime
-                 for p in _TASKS_DIR.glob("*.jsonl")):
+        if (
+            changed
+            or force
+            or not all((root / f"{s}.jsonl").is_file() for s in SUITES)
+            or any(
+                p.stat().st_mtime > (root / "critic-mini.jsonl").stat().st_mtime
+                for p in _TASKS_DIR.glob("*.jsonl")
+            )
+        ):
             _write_suite_files(root)
         if changed:
             tmp = manifest_path.with_suffix(".tmp")

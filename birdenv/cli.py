@@ -1,0 +1,310 @@
+"""The ``birdenv`` command: bundled data, official-style evaluation, a terminal agent, diagnostics.
+
+birdenv data list | build [--force] | validate [--suite NAME | --tasks T --db-dir D]
+birdenv evaluate PRED.jsonl [--tasks T] [--db-dir D] [--out OUT.jsonl] [--jobs N]
+birdenv doctor
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from birdenv import suites
+from birdenv.errors import BirdEnvError, TaskFormatError
+from birdenv.tasks import CATEGORIES, Task, load_tasks
+
+__all__ = ["main"]
+
+
+def _progress(
+    items: Iterable[Any], total: int, label: str, stream: TextIO = sys.stderr
+) -> Iterator[Any]:
+    """Yield ``items`` while drawing a one-line progress bar on a terminal (nothing otherwise)."""
+    draw = stream.isatty() and total >= 20
+    start = time.monotonic()
+    for done, item in enumerate(items, 1):
+        yield item
+        if draw:
+            width = 30
+            filled = width * done // total
+            rate = done / max(time.monotonic() - start, 1e-9)
+            stream.write(
+                f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {rate:.1f}/s"
+            )
+            stream.flush()
+    if draw:
+        stream.write("\n")
+
+
+def _success_table(rows: list[dict[str, Any]]) -> str:
+    """Success Rate overall and per category, as the official report counts it."""
+    by_category: dict[str, list[bool]] = defaultdict(list)
+    for row in rows:
+        by_category[row.get("category") or "unknown"].append(row["status"] == "success")
+    ordered = [c for c in CATEGORIES if c in by_category] + sorted(
+        set(by_category) - set(CATEGORIES)
+    )
+    lines = [f"{'category':<16}{'n':>6}{'success':>9}{'SR %':>8}"]
+    for category in ordered:
+        results = by_category[category]
+        lines.append(
+            f"{category:<16}{len(results):>6}{sum(results):>9}{100 * sum(results) / len(results):>8.2f}"
+        )
+    total = sum(len(r) for r in by_category.values())
+    wins = sum(sum(r) for r in by_category.values())
+    lines.append(f"{'overall':<16}{total:>6}{wins:>9}{(100 * wins / total if total else 0):>8.2f}")
+    return "\n".join(lines)
+
+
+# -- birdenv data ------------------------------------------------------------------------------
+def _cmd_data_list(args: argparse.Namespace) -> int:
+    suite = suites.ensure()
+    for name, purpose in suites.SUITES.items():
+        tasks = load_tasks(name)
+        counts = Counter(t.category for t in tasks)
+        cats = ", ".join(f"{c} {counts[c]}" for c in CATEGORIES if counts[c])
+        print(f"{name:<12} {len(tasks):>4} tasks ({cats}) - {purpose}")
+    print(f"\ndatabases in {suite.db_dir}:")
+    for db_id in suites.database_modules():
+        path = suite.db_dir / db_id / f"{db_id}_template.sqlite"
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+            tables = conn.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+            ).fetchone()[0]
+        conn.close()
+        print(f"  {db_id:<20} {path.stat().st_size / 1e6:>8.1f} MB  {tables:>3} tables")
+    return 0
+
+
+def _cmd_data_build(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    suite = suites.ensure(verify=True, force=args.force)
+    print(
+        f"built and verified the bundled suites in {time.perf_counter() - start:.1f} s: {suite.db_dir.parent}"
+    )
+    return 0
+
+
+def _select_tasks(args: argparse.Namespace) -> list[Task]:
+    if args.tasks:
+        return load_tasks(args.tasks, db_dir=args.db_dir)
+    return load_tasks(args.suite)
+
+
+def _cmd_data_validate(args: argparse.Namespace) -> int:
+    """Gold must pass and the issue SQL must fail on every task."""
+    from birdenv.judge import judge_many
+
+    tasks = _select_tasks(args)
+    jobs = [(t, t.sol_sql) for t in tasks] + [(t, t.issue_sql) for t in tasks]
+    verdicts = list(_progress(judge_many(jobs, processes=args.jobs), len(jobs), "validating"))
+    problems = []
+    for task, gold, issue in zip(
+        tasks, verdicts[: len(tasks)], verdicts[len(tasks) :], strict=True
+    ):
+        if not gold.passed:
+            problems.append(f"{task.instance_id}: gold fails ({gold.phase}): {gold.error}")
+        if issue.passed:
+            problems.append(f"{task.instance_id}: issue_sql passes")
+    for line in problems:
+        print(line)
+    ok = len(tasks) - len({p.split(":")[0] for p in problems})
+    print(f"{ok}/{len(tasks)} tasks valid (gold passes, issue SQL fails)")
+    return 0 if not problems else 1
+
+
+# -- birdenv evaluate --------------------------------------------------------------------------
+def _read_predictions(path: Path, args: argparse.Namespace) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line, (task, pred_sqls, warnings) | error message)`` for each input row."""
+    known: dict[str, Task] | None = None
+    db_dir = args.db_dir
+    with path.open(encoding="utf-8") as fh:
+        for lineno, text in enumerate(fh, 1):
+            if not text.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as exc:
+                yield lineno, f"{where}: not valid JSON ({exc.msg})"
+                continue
+            if not isinstance(row, dict) or "pred_sqls" not in row:
+                yield lineno, f"{where}: expected an object with 'pred_sqls'"
+                continue
+            warnings = []
+            pred = row.pop("pred_sqls")
+            if isinstance(pred, str):
+                warnings.append(
+                    "pred_sqls is a string, not a list: split on [split] as the official reader does"
+                )
+            elif not isinstance(pred, list) or not all(isinstance(s, str) for s in pred):
+                yield lineno, f"{where}: field 'pred_sqls': expected a list of SQL strings"
+                continue
+            if "issue_sql" in row or "error_sql" in row:  # a full task row, the official input form
+                from birdenv.tasks import parse_task
+
+                try:
+                    task = parse_task(
+                        row, source=str(path), line=lineno, db_dir=db_dir or _default_db_dir(args)
+                    )
+                except TaskFormatError as exc:
+                    yield lineno, str(exc)
+                    continue
+            else:
+                if known is None:
+                    known = {t.instance_id: t for t in _select_tasks(args)}
+                task = known.get(str(row.get("instance_id")))
+                if task is None:
+                    yield (
+                        lineno,
+                        f"{where}: instance_id {row.get('instance_id')!r} is not in the task set",
+                    )
+                    continue
+            yield lineno, (task, pred, warnings)
+
+
+def _default_db_dir(args: argparse.Namespace) -> Path:
+    return Path(args.db_dir) if args.db_dir else load_tasks(args.suite)[0].db_dir
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from birdenv.judge import judge_many
+
+    path = Path(args.predictions)
+    if not path.is_file():
+        print(f"birdenv evaluate: no such file: {path}", file=sys.stderr)
+        return 2
+    entries = list(_read_predictions(path, args))
+    good = [(line, item) for line, item in entries if not isinstance(item, str)]
+    started = time.perf_counter()
+    verdicts = iter(
+        _progress(
+            judge_many(
+                ((task, pred) for _, (task, pred, _) in good),
+                processes=args.jobs,
+                statement_timeout=args.statement_timeout,
+            ),
+            len(good),
+            "judging",
+        )
+    )
+    rows = []
+    for line, item in entries:
+        if isinstance(item, str):
+            print(f"warning: {item}", file=sys.stderr)
+            rows.append(
+                {
+                    "instance_id": None,
+                    "status": "failed",
+                    "phase": "input",
+                    "error": item,
+                    "line": line,
+                }
+            )
+            continue
+        task, _, warnings = item
+        verdict = next(verdicts)
+        row = {**verdict.to_dict(), "category": task.category, "line": line}
+        if warnings:
+            row["warnings"] = warnings
+            for warning in warnings:
+                print(f"warning: {path}:{line}: {warning}", file=sys.stderr)
+        rows.append(row)
+    elapsed = time.perf_counter() - started
+    out = Path(args.out) if args.out else path.with_name(path.stem + ".verdicts.jsonl")
+    with out.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(_success_table(rows))
+    print(f"judged {len(good)} predictions in {elapsed:.1f} s; verdicts written to {out}")
+    return 0
+
+
+# -- birdenv doctor ----------------------------------------------------------------------------
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from birdenv.replicas import overlay
+    from birdenv.replicas.pool import default_root
+
+    print(f"python           {sys.version.split()[0]}")
+    print(f"sqlite (stdlib)  {sqlite3.sqlite_version}")
+    print(f"cache            {suites.home()}")
+    print(f"replica root     {default_root()}")
+    if overlay.available():
+        print("strategy         overlay (copy-on-write page overlay VFS)")
+    else:
+        print(f"strategy         copy (overlay unavailable: {overlay.unavailable_reason()})")
+    return 0
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="birdenv", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    data = commands.add_parser("data", help="the bundled suites").add_subparsers(
+        dest="data_command", required=True
+    )
+    data.add_parser(
+        "list", help="suites, task counts per category, databases and sizes"
+    ).set_defaults(func=_cmd_data_list)
+    build = data.add_parser("build", help="build (or rebuild) the bundled databases")
+    build.add_argument("--force", action="store_true", help="rebuild even when the cache is intact")
+    build.set_defaults(func=_cmd_data_build)
+    validate = data.add_parser(
+        "validate", help="judge every task's gold (must pass) and issue SQL (must fail)"
+    )
+    _add_task_source(validate)
+    validate.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    validate.set_defaults(func=_cmd_data_validate)
+
+    evaluate = commands.add_parser("evaluate", help="judge predictions like the official evaluator")
+    evaluate.add_argument(
+        "predictions", help="JSONL: task rows with pred_sqls, or instance_id + pred_sqls"
+    )
+    _add_task_source(evaluate)
+    evaluate.add_argument(
+        "--out", help="verdicts JSONL (default: PRED.verdicts.jsonl beside the input)"
+    )
+    evaluate.add_argument("--jobs", type=int, default=1, help="worker processes")
+    evaluate.add_argument(
+        "--statement-timeout",
+        type=float,
+        default=None,
+        help="seconds per statement (default: none, like the official evaluator)",
+    )
+    evaluate.set_defaults(func=_cmd_evaluate)
+
+    commands.add_parser("doctor", help="which replica strategy is in use, and why").set_defaults(
+        func=_cmd_doctor
+    )
+    return parser
+
+
+def _add_task_source(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--suite", default="critic-mini", choices=suites.names(), help="bundled suite"
+    )
+    parser.add_argument("--tasks", help="official task JSONL (instead of a bundled suite)")
+    parser.add_argument("--db-dir", help="folder holding {db_id}/{db_id}_template.sqlite")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``birdenv`` command."""
+    args = _build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BirdEnvError as exc:
+        print(f"birdenv: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
