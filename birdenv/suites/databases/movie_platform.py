@@ -11,6 +11,7 @@ Everything comes from ``random.Random(SEED)``: the same bytes on every build.
 
 from __future__ import annotations
 
+import datetime
 import json
 import random
 import sqlite3
@@ -142,9 +143,11 @@ _LIST_WORDS = ["Favorites", "Watchlist", "Best of", "Comfort films", "Rainy day"
 
 
 def _ts(rng: random.Random, y0: int, y1: int) -> str:
-    y = rng.randint(y0, y1)
-    return (f"{y:04d}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} "
-            f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}")
+    """A 'YYYY-MM-DD HH:MM:SS' timestamp uniformly within the years y0..y1."""
+    day = datetime.date.fromordinal(rng.randint(datetime.date(y0, 1, 1).toordinal(),
+                                                datetime.date(y1, 12, 31).toordinal()))
+    sec = rng.randrange(86_400)
+    return f"{day.isoformat()} {sec // 3600:02d}:{sec // 60 % 60:02d}:{sec % 60:02d}"
 
 
 def _directors(rng: random.Random):
@@ -241,7 +244,7 @@ def build(conn: sqlite3.Connection) -> None:
     conn.executemany("INSERT INTO directors VALUES (?,?,?)", _directors(rng))
     conn.executemany("INSERT INTO movies VALUES (?,?,?,?,?,?,?,?,?)", _movies(rng))
     conn.executemany("INSERT INTO users VALUES (?,?,?,?,?,?,?,?)", _users(rng))
-    weights = [rng.paretovariate(1.2) for _ in range(N_MOVIES)]
+    weights = [min(rng.paretovariate(1.2), 40.0) for _ in range(N_MOVIES)]
     conn.executemany("INSERT INTO ratings VALUES (?,?,?,?,?,?,?)", _ratings(rng, weights))
     lists = list(_lists(rng))
     conn.executemany("INSERT INTO lists VALUES (?,?,?,?,?,?,?,?)", lists)
