@@ -28,7 +28,6 @@ import datetime
 import io
 import json
 import multiprocessing
-import os
 import re
 import signal
 import sqlite3
@@ -39,7 +38,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from birdenv.errors import BirdEnvError
-from birdenv.replicas.pool import ReplicaPool
+from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.replicas.session import MAX_ROWS, Limits, Session, run_statement
 from birdenv.tasks import Task, split_sql_field
 
@@ -48,7 +47,6 @@ __all__ = [
     "INSTANCE_TIMEOUT",
     "Verdict",
     "check_sql_function_usage",
-    "default_pool",
     "judge",
     "judge_many",
     "preprocess_results",
@@ -460,19 +458,8 @@ def _alarm(deadline: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-_pools: dict[int, ReplicaPool] = {}
-_pool_lock = threading.Lock()
-
-
-def default_pool() -> ReplicaPool:
-    """The pool the judge uses when none is given: one per process, created on first use."""
-    with _pool_lock:
-        pool = _pools.get(os.getpid())
-        if pool is None:
-            # The judge sets its own deadlines per statement; results are never byte-capped.
-            pool = ReplicaPool(limits=Limits(statement_timeout=None, max_result_bytes=None))
-            _pools[os.getpid()] = pool
-        return pool
+#: Sessions the judge leases: its own deadlines per statement, no byte cap on results.
+JUDGE_LIMITS = Limits(statement_timeout=None, max_result_bytes=None)
 
 
 def judge(
@@ -500,7 +487,7 @@ def judge(
     try:
         issue_phase = None
         if task.issue_sql:
-            with pool.session(task, preprocess=False) as session:
+            with pool.session(task, preprocess=False, limits=JUDGE_LIMITS) as session:
                 runner.session = session
                 runner.execute_queries(task.preprocess_sql, session.db_path, session.conn)
                 issue_phase = runner.evaluation_phase(list(task.issue_sql), task, tests)
@@ -508,7 +495,7 @@ def judge(
             verdict.timings["issue"] = time.perf_counter() - started
             verdict.issue_passed = issue_phase.clean
         mark = time.perf_counter()
-        with pool.session(task, preprocess=False) as session:
+        with pool.session(task, preprocess=False, limits=JUDGE_LIMITS) as session:
             runner.session = session
             runner.execute_queries(task.preprocess_sql, session.db_path, session.conn)
             phase = runner.evaluation_phase(statements, task, tests)

@@ -37,7 +37,7 @@ from birdenv.replicas.session import Limits, Session, run_statement
 from birdenv.replicas.store import Base, BaseStore
 from birdenv.tasks import Task
 
-__all__ = ["STRATEGIES", "ReplicaPool", "default_root", "disk_usage"]
+__all__ = ["STRATEGIES", "ReplicaPool", "default_pool", "default_root", "disk_usage"]
 
 log = logging.getLogger(__name__)
 
@@ -121,16 +121,21 @@ class ReplicaPool:
 
     # -- leasing -------------------------------------------------------------------------
     def session(
-        self, task: Task, *, preprocess: bool = True, timeout: float | None = None
+        self,
+        task: Task,
+        *,
+        preprocess: bool = True,
+        limits: Limits | None = None,
+        timeout: float | None = None,
     ) -> Session:
         """A fresh, isolated state of ``task``'s database, with its ``preprocess_sql`` applied.
 
         A failing preprocess statement raises :class:`PreprocessError` (the session is released);
         ``preprocess=False`` leaves the state untouched (the judge applies it itself, the
-        official way).
+        official way). ``limits`` overrides the pool's statement limits for this session.
         """
         base = self.store.base_for(task.db_path)
-        session = self.open_base(base, task_id=task.instance_id, timeout=timeout)
+        session = self.open_base(base, task_id=task.instance_id, limits=limits, timeout=timeout)
         if preprocess:
             for i, sql in enumerate(task.preprocess_sql, 1):
                 try:
@@ -143,7 +148,12 @@ class ReplicaPool:
         return session
 
     def open_base(
-        self, base: Base, *, task_id: str | None = None, timeout: float | None = None
+        self,
+        base: Base,
+        *,
+        task_id: str | None = None,
+        limits: Limits | None = None,
+        timeout: float | None = None,
     ) -> Session:
         """A fresh session directly on a base (what :meth:`session` uses)."""
         if self._closed:
@@ -159,7 +169,7 @@ class ReplicaPool:
             session = Session(
                 path=path,
                 connect=connect,
-                limits=self.limits,
+                limits=limits or self.limits,
                 release=self._release,
                 task_id=task_id,
             )
@@ -277,3 +287,20 @@ class ReplicaPool:
 
     def __repr__(self) -> str:
         return f"<ReplicaPool {self.root} strategy={self.strategy} open={len(self._open)}>"
+
+
+_pools: dict[int, ReplicaPool] = {}
+_pools_lock = threading.Lock()
+
+
+def default_pool() -> ReplicaPool:
+    """The process-wide pool on :func:`default_root`: one per process, created on first use.
+
+    The judge and every environment that is not given a pool share it, so a process opens each
+    base once and sweeps orphans once.
+    """
+    with _pools_lock:
+        pool = _pools.get(os.getpid())
+        if pool is None or pool._closed:
+            pool = _pools[os.getpid()] = ReplicaPool()
+        return pool

@@ -1,0 +1,210 @@
+"""The tool protocol: the two tools, their JSON schemas, parsing a model's turn, and the one
+observation formatter.
+
+Data synthesis, training, evaluation and inference all go through this module, so a model sees in
+training exactly what it sees at test time. A turn calls one tool in the format chat templates and
+TRL use::
+
+    <tool_call>{"name": "execute_sql", "arguments": {"sql": "SELECT 1"}}</tool_call>
+
+Text outside the call (reasoning) is allowed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import re
+from typing import Any
+
+from birdenv.replicas.session import Result
+
+__all__ = [
+    "MAX_CELL_CHARS",
+    "MAX_SHOWN_ROWS",
+    "TOOL_INSTRUCTIONS",
+    "TOOL_SCHEMAS",
+    "ToolCall",
+    "ToolCallError",
+    "execute_sql",
+    "format_observation",
+    "format_tool_call",
+    "format_verdict",
+    "parse_tool_call",
+    "submit_solution",
+]
+
+#: Rows of a result shown to the model; the total count is always reported.
+MAX_SHOWN_ROWS = 20
+#: Characters of one cell shown to the model.
+MAX_CELL_CHARS = 100
+# The whole observation is cut here, with a notice, so one result cannot flood the context.
+_MAX_OBSERVATION_CHARS = 6000
+
+
+def execute_sql(sql: str) -> str:
+    """Run one SQL statement on your own copy of the database and see its result.
+
+    Your changes (tables, rows, TEMP objects, settings) persist across your turns and nobody else
+    sees them. The submitted solution is judged on a fresh copy.
+
+    Args:
+        sql: Exactly one SQLite statement.
+    """
+    raise NotImplementedError("a tool signature: the environment executes it")
+
+
+def submit_solution(sql_list: list[str]) -> str:
+    """Submit your final fix. It is run on a fresh copy of the database and judged; the episode ends.
+
+    Args:
+        sql_list: The corrected SQL statements, one statement per string, run in order.
+    """
+    raise NotImplementedError("a tool signature: the environment executes it")
+
+
+# Exactly what transformers.utils.get_json_schema renders for the two functions above (a test
+# checks it), written out so that birdenv does not import transformers.
+TOOL_SCHEMAS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "execute_sql",
+            "description": "Run one SQL statement on your own copy of the database and see its result.\n\n"
+            "Your changes (tables, rows, TEMP objects, settings) persist across your turns and nobody else\n"
+            "sees them. The submitted solution is judged on a fresh copy.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "sql": {"type": "string", "description": "Exactly one SQLite statement."}
+                },
+                "required": ["sql"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "submit_solution",
+            "description": "Submit your final fix. It is run on a fresh copy of the database and judged; the episode ends.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "sql_list": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "description": "The corrected SQL statements, one statement per string, run in order.",
+                    }
+                },
+                "required": ["sql_list"],
+            },
+        },
+    },
+]
+
+TOOL_INSTRUCTIONS = """# Tools
+You work on your own copy of this database. Each turn, think if you like, then call exactly one tool:
+- execute_sql(sql): run one SQLite statement and see its result; your changes persist across turns.
+- submit_solution(sql_list): submit the corrected SQL statements (one statement per string); this ends the task.
+Call a tool like this:
+<tool_call>{"name": "execute_sql", "arguments": {"sql": "SELECT ..."}}</tool_call>
+<tool_call>{"name": "submit_solution", "arguments": {"sql_list": ["..."]}}</tool_call>"""
+
+_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_PARAMETERS = {"execute_sql": ("sql", str), "submit_solution": ("sql_list", list)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    """A parsed tool call: ``name`` and its validated ``arguments``."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+class ToolCallError(ValueError):
+    """A turn's tool call could not be understood; the message is shown to the model."""
+
+
+def format_tool_call(name: str, **arguments: Any) -> str:
+    """The text of a tool call, for scripted agents and synthetic data.
+
+    >>> format_tool_call("execute_sql", sql="SELECT 1")
+    '<tool_call>{"name": "execute_sql", "arguments": {"sql": "SELECT 1"}}</tool_call>'
+    """
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}</tool_call>"
+
+
+def parse_tool_call(text: str) -> ToolCall:
+    """Parse the single tool call of a turn, or raise :class:`ToolCallError` saying what is wrong."""
+    blocks = _CALL.findall(text)
+    if not blocks:
+        hint = " (found <tool_call> without </tool_call>)" if "<tool_call>" in text else ""
+        raise ToolCallError(f"no tool call found{hint}; call exactly one tool per turn")
+    if len(blocks) > 1:
+        raise ToolCallError(f"{len(blocks)} tool calls in one turn; call exactly one tool per turn")
+    try:
+        call = json.loads(blocks[0])
+    except json.JSONDecodeError as exc:
+        raise ToolCallError(
+            f"the tool call is not valid JSON: {exc.msg} at char {exc.pos}"
+        ) from None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        raise ToolCallError('a tool call must be a JSON object {"name": ..., "arguments": {...}}')
+    name = call["name"]
+    if name not in _PARAMETERS:
+        raise ToolCallError(f"unknown tool {name!r}; the tools are execute_sql and submit_solution")
+    arguments = call.get("arguments", {})
+    if isinstance(arguments, str):  # some models emit the arguments JSON-encoded twice
+        with contextlib.suppress(json.JSONDecodeError):
+            arguments = json.loads(arguments)
+    key, kind = _PARAMETERS[name]
+    if not isinstance(arguments, dict) or set(arguments) != {key}:
+        raise ToolCallError(f"{name} takes exactly one argument, {key!r}")
+    value = arguments[key]
+    if kind is str and not isinstance(value, str):
+        raise ToolCallError(f"{name}: {key!r} must be a string")
+    if kind is list and (not isinstance(value, list) or not all(isinstance(s, str) for s in value)):
+        raise ToolCallError(f"{name}: {key!r} must be a list of SQL strings")
+    return ToolCall(name, {key: value})
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bytes):
+        return f"<blob {len(value)} bytes>"
+    if isinstance(value, float):
+        return f"{value:.10g}"  # 4359.043999999998 -> 4359.044: float noise helps nobody
+    text = str(value).replace("\n", "\\n").replace("|", "\\|")
+    return text if len(text) <= MAX_CELL_CHARS else text[: MAX_CELL_CHARS - 3] + "..."
+
+
+def format_observation(result: Result) -> str:
+    """The observation of an ``execute_sql`` call: status, columns, the first rows, counts, notices."""
+    if result.error is not None:
+        return f"status: error\nerror: {result.error}"
+    if not result.columns:
+        return "status: ok\nstatement executed; no rows returned"
+    shown = result.rows[:MAX_SHOWN_ROWS]
+    more = "+" if result.truncated else ""
+    lines = [
+        "status: ok",
+        f"rows: {len(result.rows)}{more}"
+        + (f" (showing first {len(shown)})" if len(shown) < len(result.rows) else ""),
+        "| " + " | ".join(_cell(c) for c in result.columns) + " |",
+    ]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in shown]
+    if result.truncated:
+        lines.append("note: the result was cut at the row or size limit; add LIMIT or aggregate")
+    text = "\n".join(lines)
+    if len(text) > _MAX_OBSERVATION_CHARS:
+        text = text[:_MAX_OBSERVATION_CHARS] + "\n[observation cut at 6000 characters]"
+    return text
+
+
+def format_verdict(verdict: Any) -> str:
+    """The observation after ``submit_solution``: the judge's verdict in one or two lines."""
+    head = f"verdict: {verdict.status} ({verdict.tests_passed}/{verdict.tests_total} tests passed)"
+    return head if verdict.passed or not verdict.error else f"{head}\n{verdict.error[:1000]}"
