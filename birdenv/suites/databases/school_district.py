@@ -162,12 +162,16 @@ EDOPS = ["Traditional"] * 12 + ["Alternative School of Choice", "Community Day S
 def _districts(rng):
     code = 0
     for ccode, county in COUNTIES:
+        used = set()
         for k in range(rng.randint(4, 8)):
             code += 1
-            town = TOWNS[(code * 7 + k) % len(TOWNS)]
             dtype = DTYPES[rng.randrange(10)]
             dcode = f"{ccode}{61000 + code * 13:05d}"
-            name = f"{town} {dtype}"
+            shift = 0
+            while f"{TOWNS[(code * 7 + k + shift) % len(TOWNS)]} {dtype}" in used:
+                shift += 1
+            name = f"{TOWNS[(code * 7 + k + shift) % len(TOWNS)]} {dtype}"
+            used.add(name)
             if k == 0 and rng.random() < 0.4:
                 name, dtype = f"{county} County Office of Education", "County Office of Education (COE)"
             sup = None if rng.random() < 0.1 else f"{rng.choice(PEOPLE_F)} {rng.choice(PEOPLE_L)}"
@@ -194,7 +198,9 @@ def _schools(rng, districts, kinds_out):
             opened = date(1950, 1, 1) + timedelta(days=rng.randrange(24000))
             closed = None
             if status in ("Closed", "Merged"):
-                closed = (opened + timedelta(days=rng.randrange(1000, 20000))).isoformat()
+                closed_on = date(1985, 1, 1) + timedelta(days=rng.randrange(11000))
+                opened = min(opened, closed_on - timedelta(days=rng.randrange(900, 9000)))
+                closed = closed_on.isoformat()
             charter = 1 if kind[1] == "Charter School" or rng.random() < 0.1 else 0
             if rng.random() < 0.03:
                 charter = None
