@@ -190,12 +190,14 @@ def _schools(rng, districts, kinds_out):
             kind = rng.choices(KINDS, weights)[0]
             if dtype == "High School District" and kind[1] in ("Elementary", "Preschool"):
                 kind = KINDS[2]
+            elif dtype == "Elementary School District" and kind[1] in ("High", "Continuation High", "Academy"):
+                kind = KINDS[1]
             cds = f"{dcode}{6000000 + serial * 17:07d}"
             name = f"{rng.choice(PATRONS)} {kind[1]}"
             if rng.random() < 0.04:
                 name += " "  # trailing space, as in the state export
             status = rng.choices(["Active", "Closed", "Merged", "Pending"], [85, 10, 4, 1])[0]
-            opened = date(1950, 1, 1) + timedelta(days=rng.randrange(24000))
+            opened = date(1950, 1, 1) + timedelta(days=rng.randrange(23000))
             closed = None
             if status in ("Closed", "Merged"):
                 closed_on = date(1985, 1, 1) + timedelta(days=rng.randrange(11000))
