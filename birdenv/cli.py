@@ -229,6 +229,53 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- birdenv demo ------------------------------------------------------------------------------
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """Build the data, run reference agents through the environment, evaluate what they submitted."""
+    import gymnasium as gym
+
+    from birdenv.agents import AGENTS, run_episode
+
+    start = time.perf_counter()
+    suites.ensure(args.suite)
+    tasks = load_tasks(args.suite)[: args.limit or None]
+    print(f"{args.suite}: {len(tasks)} tasks, data ready in {time.perf_counter() - start:.1f} s")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = gym.make("BirdCritic-SQLite-v0", suite=args.suite)
+    for name, agent_cls in AGENTS.items():
+        agent = agent_cls()
+        started = time.perf_counter()
+        predictions = out_dir / f"{name}.predictions.jsonl"
+        rewards = []
+        with predictions.open("w", encoding="utf-8") as fh:
+            for task in _progress(tasks, len(tasks), f"{name} agent"):
+                reward, info = run_episode(env, agent, task.instance_id)
+                rewards.append(reward)
+                submitted = json.loads(
+                    info["messages"][-2]["content"].split("<tool_call>")[1].split("</tool_call>")[0]
+                )
+                fh.write(
+                    json.dumps(
+                        {
+                            "instance_id": task.instance_id,
+                            "pred_sqls": submitted["arguments"]["sql_list"],
+                        }
+                    )
+                    + "\n"
+                )
+        elapsed = time.perf_counter() - started
+        print(
+            f"\n{name} agent: mean reward {sum(rewards) / len(rewards):.3f} over {len(rewards)} episodes in {elapsed:.1f} s"
+        )
+        print(f"evaluating {predictions} with `birdenv evaluate`:")
+        code = main(["evaluate", str(predictions), "--suite", args.suite, "--jobs", str(args.jobs)])
+        if code:
+            return code
+    env.close()
+    return 0
+
+
 # -- birdenv doctor ----------------------------------------------------------------------------
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from birdenv.replicas import overlay
@@ -281,6 +328,15 @@ def _build_parser() -> argparse.ArgumentParser:
         help="seconds per statement (default: none, like the official evaluator)",
     )
     evaluate.set_defaults(func=_cmd_evaluate)
+
+    demo = commands.add_parser(
+        "demo", help="build data, run reference agents in the env, evaluate them"
+    )
+    demo.add_argument("--suite", default="critic-mini", choices=suites.names())
+    demo.add_argument("--limit", type=int, default=0, help="only the first N tasks (0: all)")
+    demo.add_argument("--out", default="runs/demo", help="where predictions and verdicts go")
+    demo.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="judging processes")
+    demo.set_defaults(func=_cmd_demo)
 
     commands.add_parser("doctor", help="which replica strategy is in use, and why").set_defaults(
         func=_cmd_doctor

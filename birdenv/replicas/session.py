@@ -236,6 +236,15 @@ class Session:
         return f"<Session {self.task_id or ''} {self.path.name} {state}>"
 
 
+# SQLite's own words for an authorizer denial, which do not say why.
+_DENIED = ("not authorized", "authorization denied")
+
+
 def _message(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
+    if text.startswith(_DENIED):
+        return (
+            f"{text}: the session guard forbids attaching files, VACUUM INTO, extensions "
+            "and file-location pragmas; a session reads and writes only its own database"
+        )
     return text if isinstance(exc, sqlite3.Error) else f"{type(exc).__name__}: {text}"

@@ -1,0 +1,53 @@
+"""The bundled suites: built on first use, verified by hash, and valid 100 %."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from birdenv import load_tasks, suites
+from birdenv.cli import main
+
+
+@pytest.fixture(scope="module")
+def both() -> dict:
+    return {name: load_tasks(name) for name in suites.names()}
+
+
+def test_sizes_categories_and_disjointness(both: dict) -> None:
+    gym, critic = both["gym-mini"], both["critic-mini"]
+    assert len(gym) >= 140 and len(critic) >= 60
+    assert not {t.instance_id for t in gym} & {t.instance_id for t in critic}
+    assert not {tuple(t.issue_sql) for t in gym} & {tuple(t.issue_sql) for t in critic}
+    counts = Counter(t.category for t in gym + critic)
+    total = sum(counts.values())
+    assert 0.45 <= counts["Query"] / total <= 0.65
+    assert 0.10 <= counts["Management"] / total <= 0.25
+    assert 0.20 <= counts["Personalization"] / total <= 0.35
+    databases = {t.db_id for t in gym + critic}
+    assert len(databases) >= 6
+    sizes = [t.db_path.stat().st_size for t in critic]
+    assert max(sizes) >= 100e6
+
+
+@pytest.mark.parametrize("suite", suites.names())
+def test_every_gold_passes_and_every_issue_fails(suite: str) -> None:
+    assert main(["data", "validate", "--suite", suite, "--jobs", "2"]) == 0
+
+
+def test_a_corrupted_database_is_rebuilt(tmp_path, monkeypatch, both: dict) -> None:
+    import shutil
+
+    source = suites.home()
+    monkeypatch.setenv("BIRDENV_HOME", str(tmp_path))
+    shutil.copytree(source / f"suites-v{suites.FORMAT}", tmp_path / f"suites-v{suites.FORMAT}")
+    suite = suites.ensure("critic-mini")
+    victim = min(suite.db_dir.glob("*/*_template.sqlite"), key=lambda p: p.stat().st_size)
+    good = suites.file_sha256(victim)
+    victim.chmod(0o644)
+    with victim.open("r+b") as fh:
+        fh.seek(200)
+        fh.write(b"\xff" * 64)
+    suites.ensure("critic-mini", verify=True)
+    assert suites.file_sha256(victim) == good

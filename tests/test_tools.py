@@ -1,0 +1,66 @@
+"""The tool protocol: parsing a model's turn and the one observation formatter."""
+
+from __future__ import annotations
+
+import pytest
+
+from birdenv.replicas.session import Result
+from birdenv.tools import (
+    TOOL_SCHEMAS,
+    ToolCallError,
+    execute_sql,
+    format_observation,
+    format_tool_call,
+    parse_tool_call,
+    submit_solution,
+)
+
+
+def test_round_trip_with_reasoning_around_the_call() -> None:
+    text = "Let me look.\n" + format_tool_call(
+        "submit_solution", sql_list=["SELECT 'é'", "SELECT 2"]
+    )
+    call = parse_tool_call(text)
+    assert call.name == "submit_solution" and call.arguments == {
+        "sql_list": ["SELECT 'é'", "SELECT 2"]
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("just prose", "no tool call"),
+        ("<tool_call>{}", "without </tool_call>"),
+        ("<tool_call>{bad json}</tool_call>", "not valid JSON"),
+        (format_tool_call("execute_sql", sql="1") * 2, "2 tool calls"),
+        (format_tool_call("drop_db", sql="1"), "unknown tool"),
+        (format_tool_call("execute_sql", sql=5), "must be a string"),
+        (format_tool_call("execute_sql", query="SELECT 1"), "exactly one argument"),
+        (format_tool_call("submit_solution", sql_list="SELECT 1"), "list of SQL strings"),
+        ('<tool_call>["execute_sql"]</tool_call>', "JSON object"),
+    ],
+)
+def test_bad_calls_explain_themselves(text: str, message: str) -> None:
+    with pytest.raises(ToolCallError, match=message):
+        parse_tool_call(text)
+
+
+def test_observation_shows_status_columns_rows_and_truncation() -> None:
+    rows = [(i, f"name {i}", None, 0.1 + 0.2) for i in range(25)]
+    text = format_observation(Result(["id", "name", "city", "x"], rows, 25, True, None, 0.01))
+    lines = text.splitlines()
+    assert lines[0] == "status: ok"
+    assert lines[1] == "rows: 25+ (showing first 20)"
+    assert lines[2] == "| id | name | city | x |"
+    assert lines[3] == "| 0 | name 0 | NULL | 0.3 |"
+    assert "cut at the row or size limit" in lines[-1]
+    error = format_observation(Result([], [], -1, False, "no such table: t", 0.0))
+    assert error == "status: error\nerror: no such table: t"
+
+
+def test_schemas_match_transformers_get_json_schema() -> None:
+    utils = pytest.importorskip("transformers.utils", reason="transformers is in the train extra")
+    assert [
+        utils.get_json_schema(execute_sql),
+        utils.get_json_schema(submit_solution),
+    ] == TOOL_SCHEMAS
