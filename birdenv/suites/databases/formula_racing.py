@@ -144,6 +144,7 @@ SCHEMA = [
     'CREATE INDEX "idx_results_driver" ON results("driverId")',
     'CREATE INDEX "idx_races_year" ON races(year, round)',
     'CREATE INDEX "idx_qualifying_race" ON qualifying("raceId")',
+    'CREATE INDEX "idx_lapTimes_driver" ON "lapTimes"("driverId")',
     'CREATE INDEX "idx_driverStandings_race" ON "driverStandings"("raceId", "driverId")',
     """CREATE VIEW v_race_winners AS
         SELECT ra."raceId", ra.year, ra.round, ra.name AS race_name, ra.date,
