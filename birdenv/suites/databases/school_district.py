@@ -288,3 +288,4 @@ def build(conn: sqlite3.Connection) -> None:
     conn.executemany("INSERT INTO school_status_log (CDSCode, old_status, new_status, changed_on) VALUES (?, ?, ?, ?)", log)
     for stmt in INDEXES + VIEWS_AND_TRIGGERS:
         conn.execute(stmt)
+    conn.execute("ANALYZE")
