@@ -55,6 +55,7 @@ def _probe() -> str | None:
         with tempfile.TemporaryDirectory(prefix="birdovl-probe-") as tmp:
             base = Path(tmp) / "base.sqlite"
             with closing(sqlite3.connect(base)) as conn:
+                conn.execute("PRAGMA synchronous=OFF")  # fsyncs would dominate start-up time
                 conn.execute("CREATE TABLE t(x)")
                 conn.execute("INSERT INTO t VALUES (1)")
                 conn.commit()
@@ -62,6 +63,7 @@ def _probe() -> str | None:
             session = Path(tmp) / "session.sqlite"
             uri = session_uri(session, base)
             with closing(sqlite3.connect(uri, uri=True)) as conn:
+                conn.execute("PRAGMA synchronous=OFF")
                 conn.execute("INSERT INTO t VALUES (2)")
                 conn.commit()
             with closing(sqlite3.connect(uri, uri=True)) as conn:

@@ -1,0 +1,618 @@
+"""The copy-on-write page-overlay VFS against a private full copy, on real SQLite files.
+
+Every scenario drives the overlay the way the official evaluator drives a database copy and
+checks results, error messages, ``PRAGMA integrity_check`` and full dumps against the copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from birdenv.replicas import overlay
+
+pytestmark = pytest.mark.skipif(
+    not overlay.available(), reason=f"overlay VFS unavailable: {overlay.unavailable_reason()}"
+)
+
+REPO = Path(__file__).resolve().parents[1]
+EVALUATOR_PRELUDE = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=OFF")
+ROLLBACK_PRELUDE = ("PRAGMA synchronous=OFF",)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build_base(path: Path, customers: int = 2000, orders: int = 6000) -> Path:
+    """A deterministic base: foreign keys with ON DELETE CASCADE, an index, a view, a trigger."""
+    rng = random.Random(0)
+    with closing(sqlite3.connect(path)) as conn:
+        conn.executescript(
+            """
+            CREATE TABLE customers(id INTEGER PRIMARY KEY, name TEXT NOT NULL, city TEXT);
+            CREATE TABLE orders(
+                id INTEGER PRIMARY KEY,
+                customer_id INTEGER REFERENCES customers(id) ON DELETE CASCADE,
+                amount REAL, note TEXT);
+            CREATE INDEX orders_customer ON orders(customer_id);
+            CREATE VIEW big_orders AS SELECT * FROM orders WHERE amount > 500;
+            CREATE TABLE audit(id INTEGER PRIMARY KEY AUTOINCREMENT, what TEXT);
+            CREATE TRIGGER orders_audit AFTER INSERT ON orders
+            BEGIN INSERT INTO audit(what) VALUES ('order ' || new.id); END;
+            """
+        )
+        cities = ["Lyon", "Porto", "Graz", "Turku", "Cork"]
+        conn.executemany(
+            "INSERT INTO customers VALUES (?, ?, ?)",
+            [(i, f"customer {i}", rng.choice(cities)) for i in range(1, customers + 1)],
+        )
+        conn.executemany(
+            "INSERT INTO orders VALUES (?, ?, ?, ?)",
+            [
+                (i, rng.randint(1, customers), round(rng.uniform(1, 1000), 2), "n" * rng.randint(10, 90))
+                for i in range(1, orders + 1)
+            ],
+        )
+        conn.commit()
+    return path
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    return build_base(tmp_path_factory.mktemp("base") / "base.sqlite")
+
+
+def connect_overlay(session: Path, base_path: Path, **kw) -> sqlite3.Connection:
+    return sqlite3.connect(overlay.session_uri(session, base_path, **kw), uri=True)
+
+
+def run_like_evaluator(conn: sqlite3.Connection, statements, prelude=EVALUATOR_PRELUDE) -> list:
+    """Drive a connection like the official evaluator; record rows, pragma outcomes and errors."""
+    out = []
+    for sql in statements:
+        cur = conn.cursor()
+        for pragma in prelude:
+            try:
+                out.append(("pragma", cur.execute(pragma).fetchall()))
+            except sqlite3.Error as exc:
+                out.append(("pragma-error", str(exc)))
+        try:
+            cur.execute(sql)
+            if cur.description is not None:
+                out.append(("rows", cur.fetchall()))
+            if not sql.lstrip().lower().startswith(("select", "with")):
+                conn.commit()
+                out.append(("ok",))
+        except sqlite3.Error as exc:
+            out.append(("error", type(exc).__name__, str(exc)))
+            conn.rollback()
+    return out
+
+
+def dump(conn: sqlite3.Connection) -> list[str]:
+    return list(conn.iterdump())
+
+
+def check_db(conn: sqlite3.Connection) -> list[str]:
+    assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    return dump(conn)
+
+
+def allocated(path: Path) -> int:
+    return path.stat().st_blocks * 512 if path.exists() else 0
+
+
+# ----------------------------------------------------------------------------- 1. parity
+
+GROW = (
+    "INSERT INTO g WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 20000) "
+    "SELECT printf('%0200d', i) FROM c"
+)
+BLOB = "replace(hex(zeroblob({n})), '00', 'ab')"
+
+SEQUENCES = {
+    "ddl_dml": [
+        "CREATE TABLE t(a INTEGER PRIMARY KEY, b TEXT UNIQUE)",
+        "INSERT INTO t(b) VALUES ('x'), ('y')",
+        "INSERT INTO t(b) VALUES ('x')",
+        "UPDATE customers SET city = 'Oslo' WHERE id < 300",
+        "DELETE FROM orders WHERE amount < 100",
+        "ALTER TABLE customers ADD COLUMN vip INTEGER DEFAULT 0",
+        "UPDATE customers SET vip = 1 WHERE id % 7 = 0",
+        "CREATE INDEX customers_city ON customers(city, vip)",
+        "SELECT city, count(*), sum(vip) FROM customers GROUP BY city ORDER BY city",
+        "DROP TABLE t",
+        "SELECT * FROM t",
+        "SELEC 1",
+        "WITH x AS (SELECT count(*) AS n FROM orders) SELECT n FROM x",
+    ],
+    "triggers_views": [
+        "INSERT INTO orders(customer_id, amount, note) VALUES (1, 900, 'trig')",
+        "SELECT what FROM audit ORDER BY id DESC LIMIT 2",
+        "CREATE VIEW city_totals AS SELECT c.city, sum(o.amount) AS s FROM customers c "
+        "JOIN orders o ON o.customer_id = c.id GROUP BY c.city",
+        "SELECT city, round(s, 2) FROM city_totals ORDER BY city",
+        "CREATE TRIGGER no_neg BEFORE UPDATE ON orders WHEN new.amount < 0 "
+        "BEGIN SELECT RAISE(ABORT, 'negative amount'); END",
+        "UPDATE orders SET amount = -1 WHERE id = 3",
+        "SELECT count(*) FROM big_orders",
+        "DROP VIEW big_orders",
+        "SELECT count(*) FROM big_orders",
+    ],
+    "foreign_keys": [
+        "PRAGMA foreign_keys = ON",
+        "PRAGMA foreign_keys",
+        "INSERT INTO orders(customer_id, amount) VALUES (999999, 1)",
+        "SELECT count(*) FROM orders WHERE customer_id = 5",
+        "DELETE FROM customers WHERE id = 5",
+        "SELECT count(*) FROM orders WHERE customer_id = 5",
+        "UPDATE customers SET id = 100000 WHERE id = 6",
+        "PRAGMA foreign_key_check",
+    ],
+    "vacuum": [
+        "DELETE FROM orders WHERE id % 2 = 0",
+        "VACUUM",
+        "SELECT count(*), round(sum(amount), 2) FROM orders",
+        "PRAGMA page_count",
+        "PRAGMA freelist_count",
+    ],
+    "journal_modes": [
+        "PRAGMA journal_mode = delete",
+        "INSERT INTO customers(name, city) VALUES ('jm1', 'x')",
+        "PRAGMA journal_mode = truncate",
+        "UPDATE customers SET city = 'y' WHERE name = 'jm1'",
+        "PRAGMA journal_mode = memory",
+        "DELETE FROM orders WHERE id < 50",
+        "PRAGMA journal_mode = persist",
+        "INSERT INTO customers(name, city) VALUES ('jm2', 'z')",
+        "PRAGMA wal_checkpoint(TRUNCATE)",
+        "SELECT name, city FROM customers WHERE name LIKE 'jm%' ORDER BY name",
+        "PRAGMA journal_mode",
+    ],
+    "auto_vacuum": [
+        "PRAGMA auto_vacuum = FULL",
+        "VACUUM",
+        "PRAGMA auto_vacuum",
+        "DELETE FROM orders WHERE id > 2000",
+        "PRAGMA page_count",
+        "PRAGMA freelist_count",
+        "PRAGMA auto_vacuum = INCREMENTAL",
+        "VACUUM",
+        "DELETE FROM customers WHERE id > 1000",
+        "PRAGMA incremental_vacuum(5)",
+        "PRAGMA freelist_count",
+    ],
+    "page_size": [
+        "PRAGMA page_size = 8192",
+        "VACUUM",
+        "PRAGMA page_size",
+        "SELECT count(*), round(sum(amount), 2) FROM orders",
+        "PRAGMA page_size = 1024",
+        "VACUUM",
+        "PRAGMA page_size",
+        "PRAGMA page_count",
+    ],
+    "autoincrement": [
+        "INSERT INTO audit(what) VALUES ('a')",
+        "DELETE FROM audit",
+        "INSERT INTO audit(what) VALUES ('b')",
+        "SELECT id, what FROM audit",
+        "SELECT name, seq FROM sqlite_sequence",
+        "CREATE TABLE ai(id INTEGER PRIMARY KEY AUTOINCREMENT, v)",
+        "INSERT INTO ai(v) VALUES (1), (2)",
+        "DELETE FROM ai WHERE id = 2",
+        "INSERT INTO ai(v) VALUES (3)",
+        "SELECT * FROM ai",
+    ],
+    "transactions": [
+        "BEGIN",
+        "INSERT INTO customers(name) VALUES ('t1')",
+        "SAVEPOINT a",
+        "UPDATE customers SET name = 't2' WHERE name = 't1'",
+        "ROLLBACK TO a",
+        "RELEASE a",
+        "COMMIT",
+        "SAVEPOINT s1",
+        "DELETE FROM orders",
+        "ROLLBACK TO s1",
+        "RELEASE s1",
+        "BEGIN IMMEDIATE",
+        "DELETE FROM orders WHERE id < 10",
+        "ROLLBACK",
+        "SELECT count(*) FROM orders",
+        "SELECT name FROM customers WHERE name LIKE 't%'",
+        "COMMIT",
+    ],
+    "temp": [
+        "CREATE TEMP TABLE tt AS SELECT * FROM customers WHERE id <= 10",
+        "INSERT INTO tt(name) VALUES ('temp')",
+        "SELECT count(*) FROM tt",
+        "CREATE TEMP VIEW tv AS SELECT name FROM tt WHERE name = 'temp'",
+        "SELECT * FROM tv",
+        "CREATE TEMP TRIGGER ttr AFTER DELETE ON customers BEGIN "
+        "INSERT INTO tt(name) VALUES ('deleted ' || old.id); END",
+        "DELETE FROM customers WHERE id = 1",
+        "SELECT name FROM tt WHERE name LIKE 'deleted%'",
+        "SELECT count(*) FROM temp.sqlite_master",
+    ],
+    "big_blobs": [
+        "CREATE TABLE blobs(id INTEGER PRIMARY KEY, b BLOB)",
+        f"INSERT INTO blobs VALUES (1, {BLOB.format(n=150000)})",
+        "INSERT INTO blobs VALUES (2, zeroblob(400000))",
+        "UPDATE blobs SET b = b || b WHERE id = 1",
+        "SELECT id, length(b), substr(b, 299990, 20) FROM blobs ORDER BY id",
+        "DELETE FROM blobs WHERE id = 2",
+        "PRAGMA freelist_count",
+        "SELECT id, length(b) FROM blobs",
+    ],
+    "grow_and_shrink": [
+        "CREATE TABLE g(x TEXT)",
+        GROW,
+        "SELECT count(*), max(x) FROM g",
+        "PRAGMA page_count",
+        "DELETE FROM g",
+        "VACUUM",
+        "PRAGMA page_count",
+        "SELECT count(*) FROM orders",
+    ],
+}
+
+CASES = [(name, EVALUATOR_PRELUDE) for name in SEQUENCES] + [
+    (name, ROLLBACK_PRELUDE)
+    for name in ("journal_modes", "page_size", "auto_vacuum", "grow_and_shrink", "transactions")
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "prelude"), CASES, ids=[f"{n}-{'wal' if len(p) == 2 else 'rollback'}" for n, p in CASES]
+)
+def test_parity_with_private_copy(base, tmp_path, name, prelude):
+    before = sha256(base)
+    copy = tmp_path / "copy.sqlite"
+    shutil.copyfile(base, copy)
+    session = tmp_path / "session.sqlite"
+    with closing(sqlite3.connect(copy)) as ref_conn:
+        expected = run_like_evaluator(ref_conn, SEQUENCES[name], prelude)
+    with closing(connect_overlay(session, base)) as ovl_conn:
+        got = run_like_evaluator(ovl_conn, SEQUENCES[name], prelude)
+    assert got == expected
+    with closing(sqlite3.connect(copy)) as ref_conn:
+        ref_dump = check_db(ref_conn)
+        ref_pages = ref_conn.execute("PRAGMA page_size").fetchall()
+    with closing(connect_overlay(session, base)) as ovl_conn:
+        assert check_db(ovl_conn) == ref_dump
+        assert ovl_conn.execute("PRAGMA page_size").fetchall() == ref_pages
+    assert sha256(base) == before
+
+
+def test_rewriting_identical_pages_is_free(base, tmp_path):
+    """A VACUUM that reproduces the base page for page costs (almost) no private bytes."""
+    packed = tmp_path / "packed.sqlite"
+    shutil.copyfile(base, packed)
+    with closing(sqlite3.connect(packed)) as conn:
+        conn.execute("VACUUM")
+    session = tmp_path / "s.sqlite"
+    with closing(connect_overlay(session, packed)) as conn:
+        conn.execute("VACUUM")
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    assert packed.stat().st_size > 300_000
+    assert allocated(session) <= 16 * 1024
+
+
+# ----------------------------------------------------------------------------- 2. isolation
+
+
+def _other_process_sessions(base_path: str, workdir: str, n: int) -> list[list[str]]:
+    """Run in a spawned process: n sessions of its own on the shared base, interleaved writes."""
+    from birdenv.replicas import overlay as ovl
+
+    assert ovl.available(), ovl.unavailable_reason()
+    conns = [
+        sqlite3.connect(ovl.session_uri(Path(workdir) / f"p{i}.sqlite", base_path), uri=True)
+        for i in range(n)
+    ]
+    for rnd in range(5):
+        for i, conn in enumerate(conns):
+            run_like_evaluator(conn, [f"INSERT INTO customers(name, city) VALUES ('p{i}r{rnd}', 'iso')"])
+    seen = [
+        [r[0] for r in conn.execute("SELECT name FROM customers WHERE city = 'iso' ORDER BY id")]
+        for conn in conns
+    ]
+    for conn in conns:
+        conn.close()
+    return seen
+
+
+def test_isolation_many_sessions_and_a_second_process(base, tmp_path):
+    before = sha256(base)
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        pending = pool.apply_async(_other_process_sessions, (str(base), str(other_dir), 5))
+        conns = [connect_overlay(tmp_path / f"s{i}.sqlite", base) for i in range(20)]
+        try:
+            for rnd in range(5):
+                for i, conn in enumerate(conns):
+                    run_like_evaluator(
+                        conn,
+                        [
+                            f"INSERT INTO customers(name, city) VALUES ('s{i}r{rnd}', 'iso')",
+                            f"UPDATE orders SET amount = {i} WHERE id = {rnd + 1}",
+                        ],
+                    )
+            for i, conn in enumerate(conns):
+                names = [r[0] for r in conn.execute("SELECT name FROM customers WHERE city = 'iso'")]
+                assert names == [f"s{i}r{rnd}" for rnd in range(5)]
+                amounts = conn.execute("SELECT DISTINCT amount FROM orders WHERE id <= 5").fetchall()
+                assert amounts == [(float(i),)]
+        finally:
+            for conn in conns:
+                conn.close()
+        seen = pending.get(timeout=120)
+    assert seen == [[f"p{i}r{rnd}" for rnd in range(5)] for i in range(5)]
+    assert sha256(base) == before
+    with closing(sqlite3.connect(base)) as conn:
+        assert conn.execute("SELECT count(*) FROM customers WHERE city = 'iso'").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("journal_mode", ["wal", "delete"])
+def test_two_connections_share_one_session(base, tmp_path, journal_mode):
+    """Writes and checkpoints by one connection are seen by the other (side-file reloads)."""
+    session = tmp_path / "s.sqlite"
+    a = connect_overlay(session, base)
+    b = connect_overlay(session, base)
+    try:
+        for conn in (a, b):
+            conn.execute("PRAGMA synchronous = OFF")
+            conn.execute(f"PRAGMA journal_mode = {journal_mode}")
+            conn.execute("PRAGMA cache_size = 20")  # force cache spills into the file
+        for i in range(30):
+            writer, reader = (a, b) if i % 2 else (b, a)
+            writer.execute(f"UPDATE orders SET note = printf('%0300d', {i}) WHERE id % 30 = {i}")
+            writer.execute(f"INSERT INTO customers(name, city) VALUES ('shared {i}', 'sh')")
+            writer.commit()
+            if i % 5 == 4:
+                writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            got = reader.execute("SELECT count(*) FROM customers WHERE city = 'sh'").fetchone()
+            assert got == (i + 1,)
+            assert reader.execute(
+                f"SELECT count(*) FROM orders WHERE id % 30 = {i} AND note = printf('%0300d', {i})"
+            ).fetchone() == writer.execute(f"SELECT count(*) FROM orders WHERE id % 30 = {i}").fetchone()
+        a.execute("VACUUM")
+        assert b.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert dump(a) == dump(b)
+    finally:
+        a.close()
+        b.close()
+    with closing(connect_overlay(session, base)) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert conn.execute("SELECT count(*) FROM customers WHERE city = 'sh'").fetchone() == (30,)
+
+
+# ----------------------------------------------------------------------------- 3. crash
+
+CRASH_CHILD = textwrap.dedent(
+    """
+    import sqlite3, sys
+    from birdenv.replicas import overlay
+    session, base, mode, committed, cache = sys.argv[1:6]
+    assert overlay.available(), overlay.unavailable_reason()
+    conn = sqlite3.connect(overlay.session_uri(session, base), uri=True)
+    conn.execute("PRAGMA synchronous=OFF")
+    conn.execute(f"PRAGMA journal_mode={mode}")
+    conn.execute(f"PRAGMA cache_size={cache}")
+    for i in range(int(committed)):
+        conn.execute("INSERT INTO customers(name, city) VALUES (?, 'crash')", (f"c{i}",))
+        conn.execute("UPDATE orders SET note = printf('%0200d', ?) WHERE id % 97 = ?", (i, i % 97))
+        conn.commit()
+    print("committed", flush=True)
+    conn.execute("BEGIN")
+    conn.execute("UPDATE customers SET name = 'doomed' WHERE id % 3 = 0")
+    n = 0
+    while True:
+        conn.execute("INSERT INTO orders(customer_id, amount, note) VALUES (1, 1, randomblob(3000))")
+        n += 1
+        if n % 200 == 0:
+            conn.execute("UPDATE orders SET amount = amount + 1 WHERE id % 11 = 0")
+    """
+)
+
+
+def test_sigkill_mid_transaction_recovers_last_commit(base, tmp_path):
+    with closing(sqlite3.connect(base)) as conn:
+        base_dump = dump(conn)
+    before = sha256(base)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runs = []  # ten children at once (start-up dominates), killed at staggered moments
+    for attempt in range(10):
+        session = tmp_path / f"crash{attempt}.sqlite"
+        mode = "wal" if attempt % 2 else "delete"
+        committed = 20 + 7 * attempt
+        cache = 30 if attempt % 3 == 0 else 2000
+        args = [str(session), str(base), mode, str(committed), str(cache)]
+        child = subprocess.Popen(
+            [sys.executable, "-c", CRASH_CHILD, *args], stdout=subprocess.PIPE, cwd=REPO, env=env
+        )
+        runs.append((child, session, committed))
+    try:
+        for attempt, (child, _, _) in enumerate(runs):
+            assert child.stdout.readline() == b"committed\n"
+            time.sleep(0.01 + 0.03 * attempt)
+            child.send_signal(signal.SIGKILL)
+    finally:
+        for child, _, _ in runs:
+            child.kill()
+            child.wait()
+            child.stdout.close()
+    for _, session, committed in runs:
+        with closing(connect_overlay(session, base)) as conn:
+            assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+            names = [r[0] for r in conn.execute("SELECT name FROM customers WHERE city = 'crash'")]
+            assert names == [f"c{i}" for i in range(committed)]
+            doomed = conn.execute("SELECT count(*) FROM customers WHERE name = 'doomed'")
+            assert doomed.fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM orders").fetchone() == (6000,)
+        overlay.discard(session)
+        assert not any(p.exists() for p in overlay.session_files(session))
+        with closing(connect_overlay(session, base)) as conn:
+            assert dump(conn) == base_dump
+        overlay.discard(session)
+    assert sha256(base) == before
+
+
+# ----------------------------------------------------------------------------- 4. maxbytes
+
+RUNAWAY = (
+    "INSERT INTO blobs(b) WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c "
+    "WHERE i < 2000) SELECT randomblob(10000) FROM c"
+)
+
+
+@pytest.mark.parametrize(("name", "prelude"), [("wal", EVALUATOR_PRELUDE), ("rollback", ROLLBACK_PRELUDE)])
+def test_max_bytes_fails_cleanly_and_session_stays_usable(base, tmp_path, name, prelude):
+    before = sha256(base)
+    session = tmp_path / "s.sqlite"
+    cap = 2_000_000
+    with closing(connect_overlay(session, base, max_bytes=cap)) as conn:
+        out = run_like_evaluator(
+            conn,
+            [
+                "CREATE TABLE blobs(id INTEGER PRIMARY KEY, b BLOB)",
+                RUNAWAY,
+                "SELECT count(*) FROM customers",
+                "INSERT INTO blobs(b) VALUES (x'00ff')",
+                "SELECT count(*), sum(length(b)) FROM blobs",
+            ],
+            prelude,
+        )
+        results = [r for r in out if r[0] != "pragma"]
+        assert results[1] == ("error", "OperationalError", "database or disk is full")
+        assert results[2:] == [("rows", [(2000,)]), ("ok",), ("rows", [(1, 2)])]
+    for path in overlay.session_files(session):
+        assert allocated(path) <= cap + 64 * 1024, path
+    with closing(connect_overlay(session, base, max_bytes=cap)) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert conn.execute("SELECT count(*) FROM blobs").fetchone() == (1,)
+    assert sha256(base) == before
+
+
+# ----------------------------------------------------------------------------- 5. O(changes)
+
+
+def test_private_disk_is_proportional_to_changes(tmp_path):
+    big = build_base(tmp_path / "big.sqlite", customers=20000, orders=60000)
+    assert big.stat().st_size > 3_000_000
+    session = tmp_path / "s.sqlite"
+    with closing(connect_overlay(session, big)) as conn:
+        run_like_evaluator(conn, ["UPDATE customers SET city = 'Nice' WHERE id = 12345"])
+    with closing(connect_overlay(session, big)) as conn:
+        assert conn.execute("SELECT city FROM customers WHERE id = 12345").fetchone() == ("Nice",)
+    private = sum(allocated(p) for p in overlay.session_files(session))
+    assert private <= 64 * 1024, private
+    assert session.stat().st_size <= big.stat().st_size
+
+
+# ----------------------------------------------------------------------------- 6. URI quoting
+
+
+def test_uri_quoting_of_awkward_paths(tmp_path):
+    weird = tmp_path / "a dir %41 #x ?y &z=1"
+    weird.mkdir()
+    base_path = build_base(weird / "base 100% #1 ?&.sqlite", customers=20, orders=20)
+    before = sha256(base_path)
+    session = weird / "sess ion %20 #2 ?q=1&r.sqlite"
+    with closing(connect_overlay(session, base_path)) as conn:
+        run_like_evaluator(conn, ["INSERT INTO customers(name) VALUES ('weird')"])
+    assert session.exists()
+    assert Path(f"{session}-ovl").exists()
+    with closing(connect_overlay(session, base_path)) as conn:
+        assert conn.execute("SELECT count(*) FROM customers").fetchone() == (21,)
+    assert sha256(base_path) == before
+    overlay.discard(session)
+    assert not any(p.exists() for p in overlay.session_files(session))
+
+
+# ----------------------------------------------------------------------------- misc contract
+
+
+def test_main_db_without_base_is_refused(tmp_path):
+    plain = tmp_path / "plain.sqlite"
+    with pytest.raises(sqlite3.OperationalError, match="unable to open"):
+        sqlite3.connect(f"file:{plain}?vfs={overlay.VFS_NAME}", uri=True).execute("SELECT 1")
+    with pytest.raises(sqlite3.OperationalError, match="unable to open"):
+        connect_overlay(plain, tmp_path / "missing-base.sqlite")
+    assert not plain.exists()
+
+
+def test_session_uri_validation_and_files(tmp_path):
+    with pytest.raises(ValueError):
+        overlay.session_uri(tmp_path / "s", tmp_path / "b", mode="memory")
+    with pytest.raises(ValueError):
+        overlay.session_uri(tmp_path / "s", tmp_path / "b", max_bytes=0)
+    uri = overlay.session_uri(tmp_path / "s", tmp_path / "b", max_bytes=10, mode="ro")
+    assert uri.endswith("&maxbytes=10&mode=ro") and f"vfs={overlay.VFS_NAME}" in uri
+    names = [p.name for p in overlay.session_files(tmp_path / "s")]
+    assert sorted(names) == sorted(["s", "s-ovl", "s-journal", "s-wal", "s-shm"])
+    overlay.discard(tmp_path / "never-existed")
+
+
+def test_read_only_session_and_no_fd_leaks(base, tmp_path):
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    session = tmp_path / "s.sqlite"
+    start = fds()
+    for i in range(30):
+        with closing(connect_overlay(session, base)) as conn:
+            run_like_evaluator(conn, [f"INSERT INTO customers(name) VALUES ('fd{i}')", "SELEC"])
+            conn.execute("CREATE TEMP TABLE t AS SELECT 1")
+        with closing(connect_overlay(session, base, mode="ro")) as conn:
+            assert conn.execute("SELECT count(*) FROM customers WHERE name LIKE 'fd%'").fetchone() == (
+                i + 1,
+            )
+            with pytest.raises(sqlite3.OperationalError, match="readonly"):
+                conn.execute("DELETE FROM customers")
+        with pytest.raises(sqlite3.OperationalError):
+            connect_overlay(tmp_path / "x.sqlite", tmp_path / "nope.sqlite")
+    assert fds() == start
+
+
+def test_base_of_another_size_is_refused(base, tmp_path):
+    session = tmp_path / "s.sqlite"
+    with closing(connect_overlay(session, base)) as conn:
+        run_like_evaluator(conn, ["INSERT INTO customers(name) VALUES ('x')"])
+    other = build_base(tmp_path / "other.sqlite", customers=5, orders=5)
+    with pytest.raises(sqlite3.OperationalError, match="unable to open"):
+        connect_overlay(session, other).execute("SELECT 1")
+
+
+@pytest.mark.parametrize("base_size", [0, 700, 4096, 50_000])
+def test_file_level_fuzz(tmp_path, base_size):
+    """Random unaligned writes, reads, truncations, reopens and a second handle vs a mirror."""
+    from birdenv.replicas import _overlay
+
+    rng = random.Random(base_size)
+    base_path = tmp_path / "base.bin"
+    base_path.write_bytes(rng.randbytes(base_size))
+    for seed in range(1, 6):
+        session = tmp_path / f"s{seed}"
+        _overlay._selftest(overlay.VFS_NAME, str(session), str(base_path), seed * 7919 + base_size, 1500)
+        overlay.discard(session)
