@@ -66,7 +66,12 @@ def build_base(path: Path, customers: int = 2000, orders: int = 6000) -> Path:
         conn.executemany(
             "INSERT INTO orders VALUES (?, ?, ?, ?)",
             [
-                (i, rng.randint(1, customers), round(rng.uniform(1, 1000), 2), "n" * rng.randint(10, 90))
+                (
+                    i,
+                    rng.randint(1, customers),
+                    round(rng.uniform(1, 1000), 2),
+                    "n" * rng.randint(10, 90),
+                )
                 for i in range(1, orders + 1)
             ],
         )
@@ -281,7 +286,9 @@ CASES = [(name, EVALUATOR_PRELUDE) for name in SEQUENCES] + [
 
 
 @pytest.mark.parametrize(
-    ("name", "prelude"), CASES, ids=[f"{n}-{'wal' if len(p) == 2 else 'rollback'}" for n, p in CASES]
+    ("name", "prelude"),
+    CASES,
+    ids=[f"{n}-{'wal' if len(p) == 2 else 'rollback'}" for n, p in CASES],
 )
 def test_parity_with_private_copy(base, tmp_path, name, prelude):
     before = sha256(base)
@@ -330,7 +337,9 @@ def _other_process_sessions(base_path: str, workdir: str, n: int) -> list[list[s
     ]
     for rnd in range(5):
         for i, conn in enumerate(conns):
-            run_like_evaluator(conn, [f"INSERT INTO customers(name, city) VALUES ('p{i}r{rnd}', 'iso')"])
+            run_like_evaluator(
+                conn, [f"INSERT INTO customers(name, city) VALUES ('p{i}r{rnd}', 'iso')"]
+            )
     seen = [
         [r[0] for r in conn.execute("SELECT name FROM customers WHERE city = 'iso' ORDER BY id")]
         for conn in conns
@@ -359,9 +368,13 @@ def test_isolation_many_sessions_and_a_second_process(base, tmp_path):
                         ],
                     )
             for i, conn in enumerate(conns):
-                names = [r[0] for r in conn.execute("SELECT name FROM customers WHERE city = 'iso'")]
+                names = [
+                    r[0] for r in conn.execute("SELECT name FROM customers WHERE city = 'iso'")
+                ]
                 assert names == [f"s{i}r{rnd}" for rnd in range(5)]
-                amounts = conn.execute("SELECT DISTINCT amount FROM orders WHERE id <= 5").fetchall()
+                amounts = conn.execute(
+                    "SELECT DISTINCT amount FROM orders WHERE id <= 5"
+                ).fetchall()
                 assert amounts == [(float(i),)]
         finally:
             for conn in conns:
@@ -393,9 +406,12 @@ def test_two_connections_share_one_session(base, tmp_path, journal_mode):
                 writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             got = reader.execute("SELECT count(*) FROM customers WHERE city = 'sh'").fetchone()
             assert got == (i + 1,)
-            assert reader.execute(
-                f"SELECT count(*) FROM orders WHERE id % 30 = {i} AND note = printf('%0300d', {i})"
-            ).fetchone() == writer.execute(f"SELECT count(*) FROM orders WHERE id % 30 = {i}").fetchone()
+            assert (
+                reader.execute(
+                    f"SELECT count(*) FROM orders WHERE id % 30 = {i} AND note = printf('%0300d', {i})"
+                ).fetchone()
+                == writer.execute(f"SELECT count(*) FROM orders WHERE id % 30 = {i}").fetchone()
+            )
         a.execute("VACUUM")
         assert b.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         assert dump(a) == dump(b)
@@ -409,13 +425,18 @@ def test_two_connections_share_one_session(base, tmp_path, journal_mode):
 
 # ----------------------------------------------------------------------------- 3. crash
 
+# The child loads only the extension (not the birdenv package, whose imports would dominate the
+# test's run time) and opens the URI the parent built with overlay.session_uri.
 CRASH_CHILD = textwrap.dedent(
     """
-    import sqlite3, sys
-    from birdenv.replicas import overlay
-    session, base, mode, committed, cache = sys.argv[1:6]
-    assert overlay.available(), overlay.unavailable_reason()
-    conn = sqlite3.connect(overlay.session_uri(session, base), uri=True)
+    import importlib.machinery, importlib.util, sqlite3, sys
+    uri, so_path, vfs, mode, committed, cache = sys.argv[1:7]
+    loader = importlib.machinery.ExtensionFileLoader("_overlay", so_path)
+    spec = importlib.util.spec_from_file_location("_overlay", so_path, loader=loader)
+    ext = importlib.util.module_from_spec(spec)
+    loader.exec_module(ext)
+    ext.register(vfs)
+    conn = sqlite3.connect(uri, uri=True)
     conn.execute("PRAGMA synchronous=OFF")
     conn.execute(f"PRAGMA journal_mode={mode}")
     conn.execute(f"PRAGMA cache_size={cache}")
@@ -440,17 +461,17 @@ def test_sigkill_mid_transaction_recovers_last_commit(base, tmp_path):
     with closing(sqlite3.connect(base)) as conn:
         base_dump = dump(conn)
     before = sha256(base)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    runs = []  # ten children at once (start-up dominates), killed at staggered moments
+    from birdenv.replicas import _overlay
+
+    runs = []  # ten children at once, killed at staggered moments
     for attempt in range(10):
         session = tmp_path / f"crash{attempt}.sqlite"
         mode = "wal" if attempt % 2 else "delete"
         committed = 20 + 7 * attempt
         cache = 30 if attempt % 3 == 0 else 2000
-        args = [str(session), str(base), mode, str(committed), str(cache)]
-        child = subprocess.Popen(
-            [sys.executable, "-c", CRASH_CHILD, *args], stdout=subprocess.PIPE, cwd=REPO, env=env
-        )
+        uri = overlay.session_uri(session, base)
+        args = [uri, _overlay.__file__, overlay.VFS_NAME, mode, str(committed), str(cache)]
+        child = subprocess.Popen([sys.executable, "-c", CRASH_CHILD, *args], stdout=subprocess.PIPE)
         runs.append((child, session, committed))
     try:
         for attempt, (child, _, _) in enumerate(runs):
@@ -486,7 +507,9 @@ RUNAWAY = (
 )
 
 
-@pytest.mark.parametrize(("name", "prelude"), [("wal", EVALUATOR_PRELUDE), ("rollback", ROLLBACK_PRELUDE)])
+@pytest.mark.parametrize(
+    ("name", "prelude"), [("wal", EVALUATOR_PRELUDE), ("rollback", ROLLBACK_PRELUDE)]
+)
 def test_max_bytes_fails_cleanly_and_session_stays_usable(base, tmp_path, name, prelude):
     before = sha256(base)
     session = tmp_path / "s.sqlite"
@@ -585,9 +608,9 @@ def test_read_only_session_and_no_fd_leaks(base, tmp_path):
             run_like_evaluator(conn, [f"INSERT INTO customers(name) VALUES ('fd{i}')", "SELEC"])
             conn.execute("CREATE TEMP TABLE t AS SELECT 1")
         with closing(connect_overlay(session, base, mode="ro")) as conn:
-            assert conn.execute("SELECT count(*) FROM customers WHERE name LIKE 'fd%'").fetchone() == (
-                i + 1,
-            )
+            assert conn.execute(
+                "SELECT count(*) FROM customers WHERE name LIKE 'fd%'"
+            ).fetchone() == (i + 1,)
             with pytest.raises(sqlite3.OperationalError, match="readonly"):
                 conn.execute("DELETE FROM customers")
         with pytest.raises(sqlite3.OperationalError):
@@ -614,5 +637,7 @@ def test_file_level_fuzz(tmp_path, base_size):
     base_path.write_bytes(rng.randbytes(base_size))
     for seed in range(1, 6):
         session = tmp_path / f"s{seed}"
-        _overlay._selftest(overlay.VFS_NAME, str(session), str(base_path), seed * 7919 + base_size, 1500)
+        _overlay._selftest(
+            overlay.VFS_NAME, str(session), str(base_path), seed * 7919 + base_size, 1500
+        )
         overlay.discard(session)
