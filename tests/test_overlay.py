@@ -423,6 +423,38 @@ def test_two_connections_share_one_session(base, tmp_path, journal_mode):
         assert conn.execute("SELECT count(*) FROM customers WHERE city = 'sh'").fetchone() == (30,)
 
 
+def _hammer_shared_session(session: str, base_path: str, worker: int, mode: str) -> bool:
+    """Run in a spawned process: write one shared session with tiny caches (forced spills)."""
+    from birdenv.replicas import overlay as ovl
+
+    with closing(sqlite3.connect(ovl.session_uri(session, base_path), uri=True, timeout=60)) as c:
+        c.execute(f"PRAGMA journal_mode = {mode}")
+        c.execute("PRAGMA cache_size = 10")
+        c.execute("PRAGMA synchronous = OFF")
+        for k in range(80):
+            c.execute("INSERT INTO customers(name, city) VALUES (?, 'mp')", (f"w{worker}k{k}",))
+            c.execute("UPDATE orders SET note = printf('%0150d', ?) WHERE id % 23 = ?", (k, k % 23))
+            c.commit()
+            if k % 20 == 0:
+                assert c.execute("PRAGMA quick_check").fetchone() == ("ok",)
+                c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    return True
+
+
+@pytest.mark.parametrize("journal_mode", ["wal", "delete"])
+def test_processes_share_one_session(base, tmp_path, journal_mode):
+    """Three processes write the same session at once: side-file reloads across processes."""
+    session = tmp_path / "shared.sqlite"
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(3) as pool:
+        args = [(str(session), str(base), w, journal_mode) for w in range(3)]
+        assert pool.starmap(_hammer_shared_session, args) == [True] * 3
+    with closing(connect_overlay(session, base)) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        names = {r[0] for r in conn.execute("SELECT name FROM customers WHERE city = 'mp'")}
+        assert names == {f"w{w}k{k}" for w in range(3) for k in range(80)}
+
+
 # ----------------------------------------------------------------------------- 3. crash
 
 # The child loads only the extension (not the birdenv package, whose imports would dominate the

@@ -30,8 +30,9 @@ _SUFFIXES = ("-ovl", "-journal", "-wal", "-shm", "")
 _MODES = ("ro", "rw", "rwc")
 
 
+@functools.lru_cache(maxsize=1)
 def _load():
-    """Import the extension and register the VFS; raises on any failure."""
+    """Import the extension and register the VFS (once); raises on any failure."""
     from birdenv.replicas import _overlay
 
     _overlay.register(VFS_NAME)
@@ -122,6 +123,10 @@ def session_uri(
         isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0
     ):
         raise ValueError(f"max_bytes must be a positive int or None, not {max_bytes!r}")
+    # Register on first use so a URI is usable even before anyone called available(); a failure
+    # surfaces at connect time as SQLite's "no such vfs", and available() explains it.
+    with suppress(Exception):
+        _load()
     session = os.path.abspath(os.fspath(session_path))
     base = os.path.abspath(os.fspath(base_path))
     # safe="/" keeps path separators and encodes everything SQLite's URI parser treats specially
