@@ -12,7 +12,7 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip setuptools wheel
 
 $(STAMP): $(PY) pyproject.toml setup.py constraints.txt
-	$(PIP) install --quiet -c constraints.txt -e ".[dev]"
+	$(PIP) install --quiet -c constraints.txt -e ".[train,dev]"
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)

@@ -101,24 +101,30 @@ def _select_tasks(args: argparse.Namespace) -> list[Task]:
 
 
 def _cmd_data_validate(args: argparse.Namespace) -> int:
-    """Gold must pass and the issue SQL must fail on every task."""
+    """Every task's gold must pass, hence its issue SQL must fail.
+
+    Judging the gold runs the official first phase too, which fails the instance when the issue
+    SQL passes the tests: one verdict checks both.
+    """
     from birdenv.judge import judge_many
 
     tasks = _select_tasks(args)
-    jobs = [(t, t.sol_sql) for t in tasks] + [(t, t.issue_sql) for t in tasks]
-    verdicts = list(_progress(judge_many(jobs, processes=args.jobs), len(jobs), "validating"))
-    problems = []
-    for task, gold, issue in zip(
-        tasks, verdicts[: len(tasks)], verdicts[len(tasks) :], strict=True
-    ):
-        if not gold.passed:
-            problems.append(f"{task.instance_id}: gold fails ({gold.phase}): {gold.error}")
-        if issue.passed:
-            problems.append(f"{task.instance_id}: issue_sql passes")
-    for line in problems:
-        print(line)
-    ok = len(tasks) - len({p.split(":")[0] for p in problems})
-    print(f"{ok}/{len(tasks)} tasks valid (gold passes, issue SQL fails)")
+    verdicts = _progress(
+        judge_many(((t, t.sol_sql) for t in tasks), processes=args.jobs), len(tasks), "validating"
+    )
+    problems = 0
+    for task, verdict in zip(tasks, verdicts, strict=True):
+        if not task.issue_sql:
+            problem = "has no issue_sql"
+        elif verdict.phase == "issue":
+            problem = "issue_sql passes its own tests"
+        elif not verdict.passed:
+            problem = f"gold fails ({verdict.phase}): {verdict.error}"
+        else:
+            continue
+        problems += 1
+        print(f"{task.instance_id}: {problem}")
+    print(f"{len(tasks) - problems}/{len(tasks)} tasks valid (gold passes, issue SQL fails)")
     return 0 if not problems else 1
 
 

@@ -81,6 +81,7 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
                 },
                 "required": ["sql"],
             },
+            "return": {"type": "string"},
         },
     },
     {
@@ -99,6 +100,7 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
                 },
                 "required": ["sql_list"],
             },
+            "return": {"type": "string"},
         },
     },
 ]

@@ -1,0 +1,1 @@
+"""Adapters that plug the birdenv environments into training libraries."""
