@@ -129,16 +129,84 @@ POST_SCHEMA = [
 ]
 
 _REGIONS = ["North", "South", "East", "West", "Central", "Capital"]
-_TOWNS = ["Ashford", "Brookvale", "Carlow", "Dunmore", "Elmstead", "Fairhaven", "Glenrock",
-          "Hartwell", "Ironbridge", "Juniper", "Kingsbury", "Lakeside", "Millbrook", "Northam",
-          "Oakridge", "Pinecrest", "Queensford", "Riverton", "Stonegate", "Thornbury"]
-_FIRST_F = ["Alena", "Barbora", "Dana", "Eva", "Hana", "Ivana", "Jana", "Klara", "Lenka",
-            "Marie", "Petra", "Sofie", "Tereza", "Vera", "Zuzana"]
-_FIRST_M = ["Adam", "Daniel", "Filip", "Jakub", "Jan", "Josef", "Karel", "Lukas", "Martin",
-            "Michal", "Ondrej", "Pavel", "Petr", "Tomas", "Vojtech"]
-_LAST = ["Novak", "Svoboda", "Novotny", "Dvorak", "Cerny", "Prochazka", "Kucera", "Vesely",
-         "Horak", "Nemec", "Marek", "Pokorny", "Pospisil", "Hajek", "Jelinek", "Kral", "Ruzicka",
-         "Benes", "Fiala", "Sedlacek"]
+_TOWNS = [
+    "Ashford",
+    "Brookvale",
+    "Carlow",
+    "Dunmore",
+    "Elmstead",
+    "Fairhaven",
+    "Glenrock",
+    "Hartwell",
+    "Ironbridge",
+    "Juniper",
+    "Kingsbury",
+    "Lakeside",
+    "Millbrook",
+    "Northam",
+    "Oakridge",
+    "Pinecrest",
+    "Queensford",
+    "Riverton",
+    "Stonegate",
+    "Thornbury",
+]
+_FIRST_F = [
+    "Alena",
+    "Barbora",
+    "Dana",
+    "Eva",
+    "Hana",
+    "Ivana",
+    "Jana",
+    "Klara",
+    "Lenka",
+    "Marie",
+    "Petra",
+    "Sofie",
+    "Tereza",
+    "Vera",
+    "Zuzana",
+]
+_FIRST_M = [
+    "Adam",
+    "Daniel",
+    "Filip",
+    "Jakub",
+    "Jan",
+    "Josef",
+    "Karel",
+    "Lukas",
+    "Martin",
+    "Michal",
+    "Ondrej",
+    "Pavel",
+    "Petr",
+    "Tomas",
+    "Vojtech",
+]
+_LAST = [
+    "Novak",
+    "Svoboda",
+    "Novotny",
+    "Dvorak",
+    "Cerny",
+    "Prochazka",
+    "Kucera",
+    "Vesely",
+    "Horak",
+    "Nemec",
+    "Marek",
+    "Pokorny",
+    "Pospisil",
+    "Hajek",
+    "Jelinek",
+    "Kral",
+    "Ruzicka",
+    "Benes",
+    "Fiala",
+    "Sedlacek",
+]
 _BANKS = ["AB", "CD", "EF", "GH", "IJ", "KL", "MN", "OP", "QR", "ST", "UV", "WX", "YZ"]
 
 
@@ -158,8 +226,14 @@ def _districts(rng: random.Random):
             names.append(town + suffix)
     for i in range(1, N_DISTRICTS + 1):
         unemployment = None if rng.random() < 0.05 else round(rng.uniform(0.4, 9.8), 2)
-        yield (i, names[i - 1], rng.choice(_REGIONS), rng.randint(4_000, 1_200_000),
-               rng.randint(7_800, 13_000), unemployment)
+        yield (
+            i,
+            names[i - 1],
+            rng.choice(_REGIONS),
+            rng.randint(4_000, 1_200_000),
+            rng.randint(7_800, 13_000),
+            unemployment,
+        )
 
 
 def _clients(rng: random.Random):
@@ -168,8 +242,16 @@ def _clients(rng: random.Random):
         first = rng.choice(_FIRST_F if gender == "F" else _FIRST_M)
         last = rng.choice(_LAST) + ("ova" if gender == "F" and rng.random() < 0.8 else "")
         birth = _day(rng, datetime.date(1935, 1, 1), datetime.date(2010, 12, 31))
-        email = None if rng.random() < 0.3 else f"{first.lower()}.{last.lower()}{i}@{rng.choice(['post.cz', 'mail.com', 'Bank-Mail.com'])}"
-        phone = None if rng.random() < 0.25 else f"+420 {rng.randint(600, 799)} {rng.randint(100, 999)} {rng.randint(100, 999)}"
+        email = (
+            None
+            if rng.random() < 0.3
+            else f"{first.lower()}.{last.lower()}{i}@{rng.choice(['post.cz', 'mail.com', 'Bank-Mail.com'])}"
+        )
+        phone = (
+            None
+            if rng.random() < 0.25
+            else f"+420 {rng.randint(600, 799)} {rng.randint(100, 999)} {rng.randint(100, 999)}"
+        )
         yield i, first, last, gender, birth.isoformat(), rng.randint(1, N_DISTRICTS), email, phone
 
 
@@ -196,11 +278,20 @@ def build(conn: sqlite3.Connection) -> None:
         owner_disp = disp_id
         if rng.random() < 0.18:
             disp_id += 1
-            disps.append((disp_id, owners[N_ACCOUNTS + rng.randrange(N_CLIENTS - N_ACCOUNTS)], acc, "DISPONENT"))
+            disps.append(
+                (
+                    disp_id,
+                    owners[N_ACCOUNTS + rng.randrange(N_CLIENTS - N_ACCOUNTS)],
+                    acc,
+                    "DISPONENT",
+                )
+            )
         if rng.random() < 0.22:
             card_id += 1
             ctype = rng.choices(["classic", "junior", "gold"], [6, 2, 1])[0]
-            limit = None if ctype == "junior" else float(rng.choice([1000, 2000, 5000, 10000, 20000]))
+            limit = (
+                None if ctype == "junior" else float(rng.choice([1000, 2000, 5000, 10000, 20000]))
+            )
             cards.append((card_id, owner_disp, ctype, _day(rng, opened, END).isoformat(), limit))
         # transactions: a running balance that starts with an opening deposit
         n = rng.randint(4, 46)
@@ -210,35 +301,82 @@ def build(conn: sqlite3.Connection) -> None:
         for k, d in enumerate(days):
             trans_id += 1
             if k == 0:
-                ttype, op, amount, ksym = "credit", "cash deposit", round(rng.uniform(300, 9000), 2), None
+                ttype, op, amount, ksym = (
+                    "credit",
+                    "cash deposit",
+                    round(rng.uniform(300, 9000), 2),
+                    None,
+                )
             elif rng.random() < 0.5 or balance < 200:
                 ttype = "credit"
-                op, ksym = rng.choices([("cash deposit", None), ("transfer in", "salary"),
-                                        ("transfer in", "pension"), ("interest", "interest"),
-                                        (None, None)], [3, 5, 1, 1, 1])[0]
-                amount = round(rng.uniform(1.5, 60) if op == "interest" else rng.uniform(50, 6000), 2)
+                op, ksym = rng.choices(
+                    [
+                        ("cash deposit", None),
+                        ("transfer in", "salary"),
+                        ("transfer in", "pension"),
+                        ("interest", "interest"),
+                        (None, None),
+                    ],
+                    [3, 5, 1, 1, 1],
+                )[0]
+                amount = round(
+                    rng.uniform(1.5, 60) if op == "interest" else rng.uniform(50, 6000), 2
+                )
             else:
                 ttype = "debit"
-                op, ksym = rng.choices([("cash withdrawal", None), ("card payment", "household"),
-                                        ("transfer out", "rent"), ("transfer out", "insurance"),
-                                        ("transfer out", "loan payment"), (None, "fee")],
-                                       [4, 4, 2, 1, 1, 1])[0]
-                amount = round(min(rng.uniform(5, 3000), balance) if ksym != "fee" else rng.choice([2.5, 5.0, 15.0]), 2)
+                op, ksym = rng.choices(
+                    [
+                        ("cash withdrawal", None),
+                        ("card payment", "household"),
+                        ("transfer out", "rent"),
+                        ("transfer out", "insurance"),
+                        ("transfer out", "loan payment"),
+                        (None, "fee"),
+                    ],
+                    [4, 4, 2, 1, 1, 1],
+                )[0]
+                amount = round(
+                    min(rng.uniform(5, 3000), balance)
+                    if ksym != "fee"
+                    else rng.choice([2.5, 5.0, 15.0]),
+                    2,
+                )
             balance = round(balance + (amount if ttype == "credit" else -amount), 2)
             bank_to = account_to = None
             if op in ("transfer out", "transfer in") and rng.random() < 0.9:
                 bank_to = rng.choice(_BANKS)
                 account_to = rng.randint(10_000_000, 99_999_999)
-            trans.append((trans_id, acc, d.isoformat(), ttype, op, amount, balance, ksym,
-                          bank_to, account_to))
+            trans.append(
+                (
+                    trans_id,
+                    acc,
+                    d.isoformat(),
+                    ttype,
+                    op,
+                    amount,
+                    balance,
+                    ksym,
+                    bank_to,
+                    account_to,
+                )
+            )
         status, closed = "active", None
         r = rng.random()
         if r < 0.03:
             status = "frozen"
         elif r < 0.07:
             status, closed = "closed", _day(rng, days[-1], END).isoformat()
-        accounts.append((acc, rng.randint(1, N_DISTRICTS), frequency, opened.isoformat(), status,
-                         closed, balance))
+        accounts.append(
+            (
+                acc,
+                rng.randint(1, N_DISTRICTS),
+                frequency,
+                opened.isoformat(),
+                status,
+                closed,
+                balance,
+            )
+        )
         if rng.random() < 0.16:
             loan_id += 1
             granted = _day(rng, opened, datetime.date(2023, 10, 31))
@@ -254,8 +392,9 @@ def build(conn: sqlite3.Connection) -> None:
             else:
                 lstatus = "C" if rng.random() < 0.9 else "D"
                 lclosed = None
-            loans.append((loan_id, acc, granted.isoformat(), amount, duration, payments,
-                          lstatus, lclosed))
+            loans.append(
+                (loan_id, acc, granted.isoformat(), amount, duration, payments, lstatus, lclosed)
+            )
 
     conn.executemany("INSERT INTO accounts VALUES (?,?,?,?,?,?,?)", accounts)
     conn.executemany("INSERT INTO dispositions VALUES (?,?,?,?)", disps)

@@ -166,53 +166,321 @@ SCHEMA = [
 
 # ref, name, location, country, lat, lng, alt, length km, base lap seconds, laps
 CIRCUITS = [
-    ("albert_park", "Albert Park Grand Prix Circuit", "Melbourne", "Australia", -37.8497, 144.968, 10, 5.278, 80.2, 58),
-    ("bahrain", "Bahrain International Circuit", "Sakhir", "Bahrain", 26.0325, 50.5106, 7, 5.412, 92.5, 57),
-    ("shanghai", "Shanghai International Circuit", "Shanghai", "China", 31.3389, 121.22, 5, 5.451, 95.1, 56),
+    (
+        "albert_park",
+        "Albert Park Grand Prix Circuit",
+        "Melbourne",
+        "Australia",
+        -37.8497,
+        144.968,
+        10,
+        5.278,
+        80.2,
+        58,
+    ),
+    (
+        "bahrain",
+        "Bahrain International Circuit",
+        "Sakhir",
+        "Bahrain",
+        26.0325,
+        50.5106,
+        7,
+        5.412,
+        92.5,
+        57,
+    ),
+    (
+        "shanghai",
+        "Shanghai International Circuit",
+        "Shanghai",
+        "China",
+        31.3389,
+        121.22,
+        5,
+        5.451,
+        95.1,
+        56,
+    ),
     ("baku", "Baku City Circuit", "Baku", "Azerbaijan", 40.3725, 49.8533, -7, 6.003, 103.0, 51),
-    ("catalunya", "Circuit de Barcelona-Catalunya", "Montmeló", "Spain", 41.57, 2.26111, 109, 4.657, 78.9, 66),
+    (
+        "catalunya",
+        "Circuit de Barcelona-Catalunya",
+        "Montmeló",
+        "Spain",
+        41.57,
+        2.26111,
+        109,
+        4.657,
+        78.9,
+        66,
+    ),
     ("monaco", "Circuit de Monaco", "Monte-Carlo", "Monaco", 43.7347, 7.42056, 7, 3.337, 74.3, 78),
-    ("villeneuve", "Circuit Gilles Villeneuve", "Montreal", "Canada", 45.5, -73.5228, 13, 4.361, 74.9, 70),
-    ("red_bull_ring", "Red Bull Ring", "Spielberg", "Austria", 47.2197, 14.7647, 678, 4.318, 67.5, 71),
-    ("silverstone", "Silverstone Circuit", "Silverstone", "UK", 52.0786, -1.01694, 153, 5.891, 89.0, 52),
+    (
+        "villeneuve",
+        "Circuit Gilles Villeneuve",
+        "Montreal",
+        "Canada",
+        45.5,
+        -73.5228,
+        13,
+        4.361,
+        74.9,
+        70,
+    ),
+    (
+        "red_bull_ring",
+        "Red Bull Ring",
+        "Spielberg",
+        "Austria",
+        47.2197,
+        14.7647,
+        678,
+        4.318,
+        67.5,
+        71,
+    ),
+    (
+        "silverstone",
+        "Silverstone Circuit",
+        "Silverstone",
+        "UK",
+        52.0786,
+        -1.01694,
+        153,
+        5.891,
+        89.0,
+        52,
+    ),
     ("hungaroring", "Hungaroring", "Budapest", "Hungary", 47.5789, 19.2486, 264, 4.381, 79.5, 70),
-    ("spa", "Circuit de Spa-Francorchamps", "Spa", "Belgium", 50.4372, 5.97139, 401, 7.004, 108.0, 44),
-    ("zandvoort", "Circuit Park Zandvoort", "Zandvoort", "Netherlands", 52.3888, 4.54092, 6, 4.259, 73.8, 72),
-    ("monza", "Autodromo Nazionale di Monza", "Monza", "Italy", 45.6156, 9.28111, 162, 5.793, 83.0, 53),
-    ("marina_bay", "Marina Bay Street Circuit", "Marina Bay", "Singapore", 1.2914, 103.864, 18, 4.94, 99.5, 62),
+    (
+        "spa",
+        "Circuit de Spa-Francorchamps",
+        "Spa",
+        "Belgium",
+        50.4372,
+        5.97139,
+        401,
+        7.004,
+        108.0,
+        44,
+    ),
+    (
+        "zandvoort",
+        "Circuit Park Zandvoort",
+        "Zandvoort",
+        "Netherlands",
+        52.3888,
+        4.54092,
+        6,
+        4.259,
+        73.8,
+        72,
+    ),
+    (
+        "monza",
+        "Autodromo Nazionale di Monza",
+        "Monza",
+        "Italy",
+        45.6156,
+        9.28111,
+        162,
+        5.793,
+        83.0,
+        53,
+    ),
+    (
+        "marina_bay",
+        "Marina Bay Street Circuit",
+        "Marina Bay",
+        "Singapore",
+        1.2914,
+        103.864,
+        18,
+        4.94,
+        99.5,
+        62,
+    ),
     ("suzuka", "Suzuka Circuit", "Suzuka", "Japan", 34.8431, 136.541, 45, 5.807, 92.0, 53),
-    ("americas", "Circuit of the Americas", "Austin", "USA", 30.1328, -97.6411, None, 5.513, 98.0, 56),
-    ("rodriguez", "Autódromo Hermanos Rodríguez", "Mexico City", "Mexico", 19.4042, -99.0907, 2227, 4.304, 80.1, 71),
-    ("interlagos", "Autódromo José Carlos Pace", "São Paulo", "Brazil", -23.7036, -46.6997, 785, 4.309, 72.0, 71),
+    (
+        "americas",
+        "Circuit of the Americas",
+        "Austin",
+        "USA",
+        30.1328,
+        -97.6411,
+        None,
+        5.513,
+        98.0,
+        56,
+    ),
+    (
+        "rodriguez",
+        "Autódromo Hermanos Rodríguez",
+        "Mexico City",
+        "Mexico",
+        19.4042,
+        -99.0907,
+        2227,
+        4.304,
+        80.1,
+        71,
+    ),
+    (
+        "interlagos",
+        "Autódromo José Carlos Pace",
+        "São Paulo",
+        "Brazil",
+        -23.7036,
+        -46.6997,
+        785,
+        4.309,
+        72.0,
+        71,
+    ),
     ("yas_marina", "Yas Marina Circuit", "Abu Dhabi", "UAE", 24.4672, 54.6031, 3, 5.281, 88.5, 58),
     ("sochi", "Sochi Autodrom", "Sochi", "Russia", 43.4057, 39.9578, 2, 5.848, 97.5, 53),
-    ("jeddah", "Jeddah Corniche Circuit", "Jeddah", "Saudi Arabia", 21.6319, 39.1044, 15, 6.174, 91.5, 50),
-    ("losail", "Losail International Circuit", "Al Daayen", "Qatar", 25.49, 51.4542, None, 5.419, 85.0, 57),
-    ("miami", "Miami International Autodrome", "Miami", "USA", 25.9581, -80.2389, None, 5.412, 91.0, 57),
-    ("imola", "Autodromo Enzo e Dino Ferrari", "Imola", "Italy", 44.3439, 11.7167, 37, 4.909, 78.0, 63),
-    ("sepang", "Sepang International Circuit", "Kuala Lumpur", "Malaysia", 2.76083, 101.738, 18, 5.543, 98.5, 56),
-    ("hockenheimring", "Hockenheimring", "Hockenheim", "Germany", 49.3278, 8.56583, 103, 4.574, 76.0, 67),
-    ("las_vegas", "Las Vegas Strip Street Circuit", "Las Vegas", "USA", 36.1147, -115.173, None, 6.201, 96.0, 50),
+    (
+        "jeddah",
+        "Jeddah Corniche Circuit",
+        "Jeddah",
+        "Saudi Arabia",
+        21.6319,
+        39.1044,
+        15,
+        6.174,
+        91.5,
+        50,
+    ),
+    (
+        "losail",
+        "Losail International Circuit",
+        "Al Daayen",
+        "Qatar",
+        25.49,
+        51.4542,
+        None,
+        5.419,
+        85.0,
+        57,
+    ),
+    (
+        "miami",
+        "Miami International Autodrome",
+        "Miami",
+        "USA",
+        25.9581,
+        -80.2389,
+        None,
+        5.412,
+        91.0,
+        57,
+    ),
+    (
+        "imola",
+        "Autodromo Enzo e Dino Ferrari",
+        "Imola",
+        "Italy",
+        44.3439,
+        11.7167,
+        37,
+        4.909,
+        78.0,
+        63,
+    ),
+    (
+        "sepang",
+        "Sepang International Circuit",
+        "Kuala Lumpur",
+        "Malaysia",
+        2.76083,
+        101.738,
+        18,
+        5.543,
+        98.5,
+        56,
+    ),
+    (
+        "hockenheimring",
+        "Hockenheimring",
+        "Hockenheim",
+        "Germany",
+        49.3278,
+        8.56583,
+        103,
+        4.574,
+        76.0,
+        67,
+    ),
+    (
+        "las_vegas",
+        "Las Vegas Strip Street Circuit",
+        "Las Vegas",
+        "USA",
+        36.1147,
+        -115.173,
+        None,
+        6.201,
+        96.0,
+        50,
+    ),
 ]
 
 # name, ref, nationality, strength
 CONSTRUCTORS = [
-    ("Mercedes", "mercedes", "German", 0.95), ("Red Bull", "red_bull", "Austrian", 0.93),
-    ("Ferrari", "ferrari", "Italian", 0.88), ("McLaren", "mclaren", "British", 0.75),
-    ("Alpine F1 Team", "alpine", "French", 0.62), ("Aston Martin", "aston_martin", "British", 0.64),
-    ("Williams", "williams", "British", 0.45), ("AlphaTauri", "alphatauri", "Italian", 0.5),
-    ("Alfa Romeo", "alfa", "Swiss", 0.46), ("Haas F1 Team", "haas", "American", 0.44),
-    ("Renault", "renault", "French", 0.6), ("Force India", "force_india", "Indian", 0.58),
-    ("Toro Rosso", "toro_rosso", "Italian", 0.48), ("Sauber", "sauber", "Swiss", 0.42),
+    ("Mercedes", "mercedes", "German", 0.95),
+    ("Red Bull", "red_bull", "Austrian", 0.93),
+    ("Ferrari", "ferrari", "Italian", 0.88),
+    ("McLaren", "mclaren", "British", 0.75),
+    ("Alpine F1 Team", "alpine", "French", 0.62),
+    ("Aston Martin", "aston_martin", "British", 0.64),
+    ("Williams", "williams", "British", 0.45),
+    ("AlphaTauri", "alphatauri", "Italian", 0.5),
+    ("Alfa Romeo", "alfa", "Swiss", 0.46),
+    ("Haas F1 Team", "haas", "American", 0.44),
+    ("Renault", "renault", "French", 0.6),
+    ("Force India", "force_india", "Indian", 0.58),
+    ("Toro Rosso", "toro_rosso", "Italian", 0.48),
+    ("Sauber", "sauber", "Swiss", 0.42),
     ("Lotus F1", "lotus_f1", "British", 0.6),
 ]
 # team lineups: for each season the 10 constructors (by name)
-TEAMS_EARLY = ["Mercedes", "Red Bull", "Ferrari", "McLaren", "Lotus F1", "Force India",
-               "Williams", "Toro Rosso", "Sauber", "Renault"]
-TEAMS_MID = ["Mercedes", "Red Bull", "Ferrari", "McLaren", "Renault", "Force India",
-             "Williams", "Toro Rosso", "Sauber", "Haas F1 Team"]
-TEAMS_LATE = ["Mercedes", "Red Bull", "Ferrari", "McLaren", "Alpine F1 Team", "Aston Martin",
-              "Williams", "AlphaTauri", "Alfa Romeo", "Haas F1 Team"]
+TEAMS_EARLY = [
+    "Mercedes",
+    "Red Bull",
+    "Ferrari",
+    "McLaren",
+    "Lotus F1",
+    "Force India",
+    "Williams",
+    "Toro Rosso",
+    "Sauber",
+    "Renault",
+]
+TEAMS_MID = [
+    "Mercedes",
+    "Red Bull",
+    "Ferrari",
+    "McLaren",
+    "Renault",
+    "Force India",
+    "Williams",
+    "Toro Rosso",
+    "Sauber",
+    "Haas F1 Team",
+]
+TEAMS_LATE = [
+    "Mercedes",
+    "Red Bull",
+    "Ferrari",
+    "McLaren",
+    "Alpine F1 Team",
+    "Aston Martin",
+    "Williams",
+    "AlphaTauri",
+    "Alfa Romeo",
+    "Haas F1 Team",
+]
 
 # forename, surname, nationality, dob, number, code, skill
 DRIVERS = [
@@ -268,9 +536,27 @@ DRIVERS = [
     ("Charles", "Pic", "French", "1990-02-15", None, "PIC", 0.6),
 ]
 
-STATUSES = ["Finished", "Disqualified", "Accident", "Collision", "Engine", "Gearbox",
-            "Transmission", "Clutch", "Hydraulics", "Electrical", "+1 Lap", "+2 Laps",
-            "Spun off", "Radiator", "Suspension", "Brakes", "Power Unit", "Withdrew", "Retired"]
+STATUSES = [
+    "Finished",
+    "Disqualified",
+    "Accident",
+    "Collision",
+    "Engine",
+    "Gearbox",
+    "Transmission",
+    "Clutch",
+    "Hydraulics",
+    "Electrical",
+    "+1 Lap",
+    "+2 Laps",
+    "Spun off",
+    "Radiator",
+    "Suspension",
+    "Brakes",
+    "Power Unit",
+    "Withdrew",
+    "Retired",
+]
 DNF_STATUSES = [3, 4, 5, 6, 7, 9, 10, 13, 14, 15, 16, 17, 19]
 POINTS = [25, 18, 15, 12, 10, 8, 6, 4, 2, 1]
 
@@ -288,7 +574,7 @@ def _lineup(year: int) -> list[tuple[str, list[int]]]:
     }
     key = max(k for k in by_year if k <= year)
     ids = by_year[key]
-    return [(teams[i], ids[2 * i: 2 * i + 2]) for i in range(10)]
+    return [(teams[i], ids[2 * i : 2 * i + 2]) for i in range(10)]
 
 
 def _fmt_lap(ms: int) -> str:
@@ -309,24 +595,54 @@ def build(conn: sqlite3.Connection) -> None:
 
     conn.executemany(
         "INSERT INTO circuits VALUES (?,?,?,?,?,?,?,?,?,?)",
-        ((i, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
-          f"http://en.wikipedia.org/wiki/{c[1].replace(' ', '_')}") for i, c in enumerate(CIRCUITS, 1)),
+        (
+            (
+                i,
+                c[0],
+                c[1],
+                c[2],
+                c[3],
+                c[4],
+                c[5],
+                c[6],
+                c[7],
+                f"http://en.wikipedia.org/wiki/{c[1].replace(' ', '_')}",
+            )
+            for i, c in enumerate(CIRCUITS, 1)
+        ),
     )
-    conn.executemany("INSERT INTO seasons VALUES (?,?)",
-                     ((y, f"http://en.wikipedia.org/wiki/{y}_Formula_One_World_Championship") for y in SEASONS))
+    conn.executemany(
+        "INSERT INTO seasons VALUES (?,?)",
+        ((y, f"http://en.wikipedia.org/wiki/{y}_Formula_One_World_Championship") for y in SEASONS),
+    )
     conn.executemany(
         "INSERT INTO drivers VALUES (?,?,?,?,?,?,?,?,?)",
-        ((i, (s.lower().replace(" ", "_") if s != "Verstappen" and s != "Schumacher" else
-              ("max_verstappen" if s == "Verstappen" else "mick_schumacher")),
-          n, code, f, s, dob, nat,
-          f"http://en.wikipedia.org/wiki/{f}_{s}".replace(" ", "_"))
-         for i, (f, s, nat, dob, n, code, _) in enumerate(DRIVERS, 1)),
+        (
+            (
+                i,
+                (
+                    s.lower().replace(" ", "_")
+                    if s != "Verstappen" and s != "Schumacher"
+                    else ("max_verstappen" if s == "Verstappen" else "mick_schumacher")
+                ),
+                n,
+                code,
+                f,
+                s,
+                dob,
+                nat,
+                f"http://en.wikipedia.org/wiki/{f}_{s}".replace(" ", "_"),
+            )
+            for i, (f, s, nat, dob, n, code, _) in enumerate(DRIVERS, 1)
+        ),
     )
     cons_id = {c[0]: i for i, c in enumerate(CONSTRUCTORS, 1)}
     conn.executemany(
         "INSERT INTO constructors VALUES (?,?,?,?,?)",
-        ((i, ref, name, nat, f"http://en.wikipedia.org/wiki/{name.replace(' ', '_')}")
-         for i, (name, ref, nat, _) in enumerate(CONSTRUCTORS, 1)),
+        (
+            (i, ref, name, nat, f"http://en.wikipedia.org/wiki/{name.replace(' ', '_')}")
+            for i, (name, ref, nat, _) in enumerate(CONSTRUCTORS, 1)
+        ),
     )
     conn.executemany("INSERT INTO status VALUES (?,?)", enumerate(STATUSES, 1))
 
@@ -338,28 +654,56 @@ def build(conn: sqlite3.Connection) -> None:
         n_rounds = 19 + (year - 2012) // 3 + (1 if year >= 2023 else 0)
         calendar = rng.sample(range(len(CIRCUITS)), n_rounds)
         first_sunday = date(year, 3, 10) + timedelta(days=(6 - date(year, 3, 10).weekday()))
-        race_days = [first_sunday + timedelta(weeks=round(k * 36 / n_rounds)) for k in range(n_rounds)]
+        race_days = [
+            first_sunday + timedelta(weeks=round(k * 36 / n_rounds)) for k in range(n_rounds)
+        ]
         lineup = _lineup(year)
         standings: dict[int, list[float]] = {}
-        for rnd, (ci, day) in enumerate(zip(calendar, race_days), 1):
+        for rnd, (ci, day) in enumerate(zip(calendar, race_days, strict=False), 1):
             race_id += 1
             circ = CIRCUITS[ci]
-            start_hour = 13 if circ[3] not in ("Singapore", "Bahrain", "UAE", "Saudi Arabia", "Qatar") else 17
-            race_time = None if year <= 2013 and rng.random() < 0.5 else f"{start_hour - 1 + rng.choice([0, 1]):02d}:{rng.choice(['00', '10'])}:00"
+            start_hour = (
+                13
+                if circ[3] not in ("Singapore", "Bahrain", "UAE", "Saudi Arabia", "Qatar")
+                else 17
+            )
+            race_time = (
+                None
+                if year <= 2013 and rng.random() < 0.5
+                else f"{start_hour - 1 + rng.choice([0, 1]):02d}:{rng.choice(['00', '10'])}:00"
+            )
             weather = rng.choice(["dry", "dry", "dry", "dry", "mixed", "wet"])
-            info = {"weather": weather, "air_temp": round(rng.uniform(12, 36), 1),
-                    "track_temp": round(rng.uniform(20, 55), 1),
-                    "safety_cars": rng.choice([0, 0, 0, 1, 1, 2, 3]),
-                    "attendance": None if rng.random() < 0.2 else rng.randrange(60000, 360000, 1000)}
+            info = {
+                "weather": weather,
+                "air_temp": round(rng.uniform(12, 36), 1),
+                "track_temp": round(rng.uniform(20, 55), 1),
+                "safety_cars": rng.choice([0, 0, 0, 1, 1, 2, 3]),
+                "attendance": None if rng.random() < 0.2 else rng.randrange(60000, 360000, 1000),
+            }
             laps_total = circ[9]
-            race_rows.append((race_id, year, rnd, ci + 1, f"{circ[3] if circ[3] not in ('UK', 'USA', 'UAE') else {'UK': 'British', 'USA': 'United States', 'UAE': 'Abu Dhabi'}[circ[3]]} Grand Prix",
-                              day.isoformat(), race_time, laps_total, json.dumps(info, sort_keys=True),
-                              f"http://en.wikipedia.org/wiki/{year}_{circ[3]}_Grand_Prix"))
+            race_rows.append(
+                (
+                    race_id,
+                    year,
+                    rnd,
+                    ci + 1,
+                    f"{circ[3] if circ[3] not in ('UK', 'USA', 'UAE') else {'UK': 'British', 'USA': 'United States', 'UAE': 'Abu Dhabi'}[circ[3]]} Grand Prix",
+                    day.isoformat(),
+                    race_time,
+                    laps_total,
+                    json.dumps(info, sort_keys=True),
+                    f"http://en.wikipedia.org/wiki/{year}_{circ[3]}_Grand_Prix",
+                )
+            )
 
             entrants = []
             for team, ids in lineup:
                 for j, did in enumerate(ids):
-                    pace = strength[team] * 0.6 + skill[did] * 0.4 + rng.gauss(0, 0.05 if weather == "dry" else 0.09)
+                    pace = (
+                        strength[team] * 0.6
+                        + skill[did] * 0.4
+                        + rng.gauss(0, 0.05 if weather == "dry" else 0.09)
+                    )
                     entrants.append((pace, did, team, j))
             base_ms = int(circ[8] * 1000)
             pace_by = {e[1]: e[0] for e in entrants}
@@ -375,7 +719,9 @@ def build(conn: sqlite3.Connection) -> None:
                 q1t = None if rng.random() < 0.01 else _fmt_lap(q1)
                 quali_rows.append((quali_id, race_id, did, cons_id[team], None, qpos, q1t, q2, q3))
             # race
-            order = sorted(entrants, key=lambda e: -(e[0] * 1.0 + rng.gauss(0, 0.035) - grid[e[1]] * 0.002))
+            order = sorted(
+                entrants, key=lambda e: -(e[0] * 1.0 + rng.gauss(0, 0.035) - grid[e[1]] * 0.002)
+            )
             finishers, dnfs = [], []
             for e in order:
                 (dnfs if rng.random() < 0.09 else finishers).append(e)
@@ -388,20 +734,39 @@ def build(conn: sqlite3.Connection) -> None:
                 laps = laps_total - lapped
                 fl_ms = base_ms + 1000 - int((pace - 0.7) * 3000) + rng.randrange(0, 900)
                 fl_candidates.append((fl_ms, did))
-                res_for_race.append([did, team, j, pos, laps, gap_ms if lapped == 0 else None, lapped, fl_ms,
-                                     1 if lapped == 0 else 10 + lapped])
-            for k, (pace, did, team, j) in enumerate(dnfs):
+                res_for_race.append(
+                    [
+                        did,
+                        team,
+                        j,
+                        pos,
+                        laps,
+                        gap_ms if lapped == 0 else None,
+                        lapped,
+                        fl_ms,
+                        1 if lapped == 0 else 10 + lapped,
+                    ]
+                )
+            for _k, (pace, did, team, j) in enumerate(dnfs):
                 laps = rng.randrange(0, laps_total - 1)
-                fl_ms = None if laps < 2 else base_ms + 1500 - int((pace - 0.7) * 3000) + rng.randrange(0, 1500)
+                fl_ms = (
+                    None
+                    if laps < 2
+                    else base_ms + 1500 - int((pace - 0.7) * 3000) + rng.randrange(0, 1500)
+                )
                 if fl_ms:
                     fl_candidates.append((fl_ms, did))
-                res_for_race.append([did, team, j, None, laps, None, None, fl_ms, rng.choice(DNF_STATUSES)])
+                res_for_race.append(
+                    [did, team, j, None, laps, None, None, fl_ms, rng.choice(DNF_STATUSES)]
+                )
             # positionOrder: finishers first, then DNFs by laps completed
             fin = [r for r in res_for_race if r[3] is not None]
             dnf = sorted((r for r in res_for_race if r[3] is None), key=lambda r: (-r[4], r[0]))
             ranks = {did: k for k, (_, did) in enumerate(sorted(fl_candidates), 1)}
             fastest_did = min(fl_candidates)[1]
-            for porder, (did, team, j, pos, laps, gap_ms, lapped, fl_ms, st) in enumerate(fin + dnf, 1):
+            for porder, (did, team, _j, pos, laps, gap_ms, _lapped, fl_ms, st) in enumerate(
+                fin + dnf, 1
+            ):
                 result_id += 1
                 pts = float(POINTS[pos - 1]) if pos is not None and pos <= 10 else 0.0
                 if year >= 2019 and did == fastest_did and pos is not None and pos <= 10:
@@ -412,13 +777,37 @@ def build(conn: sqlite3.Connection) -> None:
                     time_txt, ms = f"+{gap_ms / 1000:.3f}", winner_ms + gap_ms
                 else:
                     time_txt = ms = None
-                position_text = str(pos) if pos is not None else ("D" if st == 2 else ("W" if st == 18 else "R"))
+                position_text = (
+                    str(pos)
+                    if pos is not None
+                    else ("D" if st == 2 else ("W" if st == 18 else "R"))
+                )
                 speed = None if fl_ms is None else f"{CIRCUITS[ci][7] * 3600000 / fl_ms:.3f}"
                 number = DRIVERS[did - 1][4]
-                result_rows.append((result_id, race_id, did, cons_id[team], number, grid[did], pos, position_text,
-                                    porder, pts, laps, time_txt, ms,
-                                    None if fl_ms is None else rng.randrange(max(1, laps // 2), max(2, laps + 1)),
-                                    ranks.get(did), None if fl_ms is None else _fmt_lap(fl_ms), speed, st))
+                result_rows.append(
+                    (
+                        result_id,
+                        race_id,
+                        did,
+                        cons_id[team],
+                        number,
+                        grid[did],
+                        pos,
+                        position_text,
+                        porder,
+                        pts,
+                        laps,
+                        time_txt,
+                        ms,
+                        None
+                        if fl_ms is None
+                        else rng.randrange(max(1, laps // 2), max(2, laps + 1)),
+                        ranks.get(did),
+                        None if fl_ms is None else _fmt_lap(fl_ms),
+                        speed,
+                        st,
+                    )
+                )
                 s = standings.setdefault(did, [0.0, 0])
                 s[0] += pts
                 s[1] += 1 if pos == 1 else 0
@@ -428,16 +817,34 @@ def build(conn: sqlite3.Connection) -> None:
                         lap = min(laps - 1, int(laps * stop / 3.2) + rng.randrange(-3, 4))
                         if lap < 1:
                             continue
-                        dur = rng.randrange(19500, 31000) if rng.random() > 0.03 else rng.randrange(35000, 62000)
-                        hh = (start_hour + (lap * base_ms) // 3600000)
+                        dur = (
+                            rng.randrange(19500, 31000)
+                            if rng.random() > 0.03
+                            else rng.randrange(35000, 62000)
+                        )
+                        hh = start_hour + (lap * base_ms) // 3600000
                         mm = ((lap * base_ms) // 60000) % 60
-                        pit_rows.append((race_id, did, stop, lap, f"{hh:02d}:{mm:02d}:{rng.randrange(0, 60):02d}",
-                                         f"{dur / 1000:.3f}", dur))
+                        pit_rows.append(
+                            (
+                                race_id,
+                                did,
+                                stop,
+                                lap,
+                                f"{hh:02d}:{mm:02d}:{rng.randrange(0, 60):02d}",
+                                f"{dur / 1000:.3f}",
+                                dur,
+                            )
+                        )
                 # lap times
                 if year in LAP_TIME_SEASONS:
                     for lap in range(1, laps + 1):
-                        lt = (base_ms + 2500 - int((pace_by[did] - 0.7) * 3000) + rng.randrange(0, 2500)
-                              + (6000 if lap == 1 else 0))
+                        lt = (
+                            base_ms
+                            + 2500
+                            - int((pace_by[did] - 0.7) * 3000)
+                            + rng.randrange(0, 2500)
+                            + (6000 if lap == 1 else 0)
+                        )
                         lap_rows.append([race_id, did, lap, None, lt])
             ordered = sorted(standings.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0]))
             for spos, (did, (pts, wins)) in enumerate(ordered, 1):
@@ -458,8 +865,12 @@ def build(conn: sqlite3.Connection) -> None:
 
     conn.executemany("INSERT INTO races VALUES (?,?,?,?,?,?,?,?,?,?)", race_rows)
     conn.executemany("INSERT INTO qualifying VALUES (?,?,?,?,?,?,?,?,?)", quali_rows)
-    conn.executemany("INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", result_rows)
+    conn.executemany(
+        "INSERT INTO results VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", result_rows
+    )
     conn.executemany('INSERT INTO "pitStops" VALUES (?,?,?,?,?,?,?)', pit_rows)
-    conn.executemany('INSERT INTO "lapTimes" VALUES (?,?,?,?,?,?)',
-                     ((r[0], r[1], r[2], pos_of[(r[0], r[1], r[2])], _fmt_lap(r[4]), r[4]) for r in lap_rows))
+    conn.executemany(
+        'INSERT INTO "lapTimes" VALUES (?,?,?,?,?,?)',
+        ((r[0], r[1], r[2], pos_of[(r[0], r[1], r[2])], _fmt_lap(r[4]), r[4]) for r in lap_rows),
+    )
     conn.executemany('INSERT INTO "driverStandings" VALUES (?,?,?,?,?,?,?)', stand_rows)

@@ -139,40 +139,185 @@ SCHEMA = [
 ]
 
 DEPARTMENTS = [
-    ("Cardiology", 3, "North Tower", 40), ("Neurology", 4, "North Tower", 28),
-    ("Orthopedics", 2, "East Wing", 32), ("Oncology", 5, "North Tower", 36),
-    ("Pediatrics", 1, "West Wing", 30), ("General Surgery", 2, "Main Building", 44),
-    ("Internal Medicine", 3, "Main Building", 60), ("Emergency Medicine", 0, "Main Building", 24),
-    ("Nephrology", 4, "East Wing", 18), ("Pulmonology", 5, "East Wing", 22),
-    ("Obstetrics", 1, "West Wing", 26), ("Gastroenterology", 6, "North Tower", 20),
+    ("Cardiology", 3, "North Tower", 40),
+    ("Neurology", 4, "North Tower", 28),
+    ("Orthopedics", 2, "East Wing", 32),
+    ("Oncology", 5, "North Tower", 36),
+    ("Pediatrics", 1, "West Wing", 30),
+    ("General Surgery", 2, "Main Building", 44),
+    ("Internal Medicine", 3, "Main Building", 60),
+    ("Emergency Medicine", 0, "Main Building", 24),
+    ("Nephrology", 4, "East Wing", 18),
+    ("Pulmonology", 5, "East Wing", 22),
+    ("Obstetrics", 1, "West Wing", 26),
+    ("Gastroenterology", 6, "North Tower", 20),
 ]
 SPECIALTY = {
-    "Cardiology": "Cardiologist", "Neurology": "Neurologist", "Orthopedics": "Orthopedic Surgeon",
-    "Oncology": "Oncologist", "Pediatrics": "Pediatrician", "General Surgery": "General Surgeon",
-    "Internal Medicine": "Internist", "Emergency Medicine": "Emergency Physician",
-    "Nephrology": "Nephrologist", "Pulmonology": "Pulmonologist", "Obstetrics": "Obstetrician",
+    "Cardiology": "Cardiologist",
+    "Neurology": "Neurologist",
+    "Orthopedics": "Orthopedic Surgeon",
+    "Oncology": "Oncologist",
+    "Pediatrics": "Pediatrician",
+    "General Surgery": "General Surgeon",
+    "Internal Medicine": "Internist",
+    "Emergency Medicine": "Emergency Physician",
+    "Nephrology": "Nephrologist",
+    "Pulmonology": "Pulmonologist",
+    "Obstetrics": "Obstetrician",
     "Gastroenterology": "Gastroenterologist",
 }
-FIRST_M = ["James", "John", "Robert", "Michael", "William", "David", "Richard", "Joseph", "Thomas",
-           "Charles", "Daniel", "Matthew", "Anthony", "Mark", "Steven", "Paul", "Andrew", "Joshua",
-           "Kevin", "Brian", "George", "Omar", "Luis", "Hiroshi", "Ahmed", "Ivan", "Carlos", "Wei"]
-FIRST_F = ["Mary", "Patricia", "Jennifer", "Linda", "Elizabeth", "Barbara", "Susan", "Jessica",
-           "Sarah", "Karen", "Nancy", "Lisa", "Betty", "Margaret", "Sandra", "Ashley", "Emily",
-           "Donna", "Michelle", "Carol", "Amanda", "Fatima", "Sofia", "Yuki", "Priya", "Olga", "Mei"]
-LAST = ["Smith", "Johnson", "Williams", "Brown", "Jones", "Garcia", "Miller", "Davis", "Rodriguez",
-        "Martinez", "Hernandez", "Lopez", "Gonzalez", "Wilson", "Anderson", "Thomas", "Taylor",
-        "Moore", "Jackson", "Martin", "Lee", "Perez", "Thompson", "White", "Harris", "Sanchez",
-        "Clark", "Ramirez", "Lewis", "Robinson", "Walker", "Young", "Allen", "King", "Wright",
-        "Scott", "Nguyen", "Hill", "Flores", "Green", "Adams", "Nelson", "Baker", "Hall", "O'Brien",
-        "Campbell", "Mitchell", "Carter", "Roberts", "Kim", "Patel", "Chen", "Novak", "Schmidt"]
-CITIES = ["Springfield", "Riverton", "Fairview", "Greenville", "Madison", "Clinton", "Franklin",
-          "Georgetown", "Salem", "Oakdale", "Lakewood", "Ashland"]
+FIRST_M = [
+    "James",
+    "John",
+    "Robert",
+    "Michael",
+    "William",
+    "David",
+    "Richard",
+    "Joseph",
+    "Thomas",
+    "Charles",
+    "Daniel",
+    "Matthew",
+    "Anthony",
+    "Mark",
+    "Steven",
+    "Paul",
+    "Andrew",
+    "Joshua",
+    "Kevin",
+    "Brian",
+    "George",
+    "Omar",
+    "Luis",
+    "Hiroshi",
+    "Ahmed",
+    "Ivan",
+    "Carlos",
+    "Wei",
+]
+FIRST_F = [
+    "Mary",
+    "Patricia",
+    "Jennifer",
+    "Linda",
+    "Elizabeth",
+    "Barbara",
+    "Susan",
+    "Jessica",
+    "Sarah",
+    "Karen",
+    "Nancy",
+    "Lisa",
+    "Betty",
+    "Margaret",
+    "Sandra",
+    "Ashley",
+    "Emily",
+    "Donna",
+    "Michelle",
+    "Carol",
+    "Amanda",
+    "Fatima",
+    "Sofia",
+    "Yuki",
+    "Priya",
+    "Olga",
+    "Mei",
+]
+LAST = [
+    "Smith",
+    "Johnson",
+    "Williams",
+    "Brown",
+    "Jones",
+    "Garcia",
+    "Miller",
+    "Davis",
+    "Rodriguez",
+    "Martinez",
+    "Hernandez",
+    "Lopez",
+    "Gonzalez",
+    "Wilson",
+    "Anderson",
+    "Thomas",
+    "Taylor",
+    "Moore",
+    "Jackson",
+    "Martin",
+    "Lee",
+    "Perez",
+    "Thompson",
+    "White",
+    "Harris",
+    "Sanchez",
+    "Clark",
+    "Ramirez",
+    "Lewis",
+    "Robinson",
+    "Walker",
+    "Young",
+    "Allen",
+    "King",
+    "Wright",
+    "Scott",
+    "Nguyen",
+    "Hill",
+    "Flores",
+    "Green",
+    "Adams",
+    "Nelson",
+    "Baker",
+    "Hall",
+    "O'Brien",
+    "Campbell",
+    "Mitchell",
+    "Carter",
+    "Roberts",
+    "Kim",
+    "Patel",
+    "Chen",
+    "Novak",
+    "Schmidt",
+]
+CITIES = [
+    "Springfield",
+    "Riverton",
+    "Fairview",
+    "Greenville",
+    "Madison",
+    "Clinton",
+    "Franklin",
+    "Georgetown",
+    "Salem",
+    "Oakdale",
+    "Lakewood",
+    "Ashland",
+]
 INSURERS = ["BlueCross", "Aetna", "UnitedHealth", "Cigna", "Medicare", "Medicaid", "Humana"]
 BLOOD = ["O+", "O+", "O+", "A+", "A+", "B+", "AB+", "O-", "A-", "B-", "AB-"]
 ALLERGENS = ["penicillin", "sulfa", "latex", "peanuts", "aspirin", "iodine", "codeine", "shellfish"]
-ADMISSION_TYPES = ["Emergency", "Emergency", "Emergency", "Elective", "Elective", "Urgent", "Newborn"]
-DISPOSITIONS = ["Home", "Home", "Home", "Home", "Home Health", "Skilled Nursing", "Transfer",
-                "Deceased", "AMA"]
+ADMISSION_TYPES = [
+    "Emergency",
+    "Emergency",
+    "Emergency",
+    "Elective",
+    "Elective",
+    "Urgent",
+    "Newborn",
+]
+DISPOSITIONS = [
+    "Home",
+    "Home",
+    "Home",
+    "Home",
+    "Home Health",
+    "Skilled Nursing",
+    "Transfer",
+    "Deceased",
+    "AMA",
+]
 # icd_code, description, departments it is typical for
 ICD = [
     ("I21.4", "Non-ST elevation myocardial infarction", "Cardiology"),
@@ -221,17 +366,32 @@ LABS = [
     ("ALT", "U/L", 7.0, 56.0, 35.0, 25.0),
     ("CRP", "mg/L", 0.0, 10.0, 18.0, 25.0),
 ]
-DRUGS = [("Metformin", [500, 850, 1000], "BID", "oral"), ("Lisinopril", [5, 10, 20], "QD", "oral"),
-         ("Atorvastatin", [10, 20, 40, 80], "QD", "oral"), ("Heparin", [5000], "TID", "subcutaneous"),
-         ("Ceftriaxone", [1000, 2000], "QD", "IV"), ("Vancomycin", [1000, 1250], "BID", "IV"),
-         ("Furosemide", [20, 40, 80], "BID", "IV"), ("Ondansetron", [4, 8], "PRN", "IV"),
-         ("Morphine", [2, 4], "PRN", "IV"), ("Acetaminophen", [500, 650, 1000], "PRN", "oral"),
-         ("Insulin glargine", [10, 20, 30], "QD", "subcutaneous"),
-         ("Amoxicillin", [250, 500], "TID", "oral"), ("Prednisone", [10, 20, 40], "QD", "oral"),
-         ("Pantoprazole", [40], "QD", "oral"), ("Aspirin", [81, 325], "QD", "oral"),
-         ("Warfarin", [2, 5], "QD", "oral")]
-TRANSFER_REASONS = ["Step-down care", "Escalation of care", "Bed availability",
-                    "Post-operative recovery", "Specialist management", None]
+DRUGS = [
+    ("Metformin", [500, 850, 1000], "BID", "oral"),
+    ("Lisinopril", [5, 10, 20], "QD", "oral"),
+    ("Atorvastatin", [10, 20, 40, 80], "QD", "oral"),
+    ("Heparin", [5000], "TID", "subcutaneous"),
+    ("Ceftriaxone", [1000, 2000], "QD", "IV"),
+    ("Vancomycin", [1000, 1250], "BID", "IV"),
+    ("Furosemide", [20, 40, 80], "BID", "IV"),
+    ("Ondansetron", [4, 8], "PRN", "IV"),
+    ("Morphine", [2, 4], "PRN", "IV"),
+    ("Acetaminophen", [500, 650, 1000], "PRN", "oral"),
+    ("Insulin glargine", [10, 20, 30], "QD", "subcutaneous"),
+    ("Amoxicillin", [250, 500], "TID", "oral"),
+    ("Prednisone", [10, 20, 40], "QD", "oral"),
+    ("Pantoprazole", [40], "QD", "oral"),
+    ("Aspirin", [81, 325], "QD", "oral"),
+    ("Warfarin", [2, 5], "QD", "oral"),
+]
+TRANSFER_REASONS = [
+    "Step-down care",
+    "Escalation of care",
+    "Bed availability",
+    "Post-operative recovery",
+    "Specialist management",
+    None,
+]
 
 FMT = "%Y-%m-%d %H:%M:%S"
 START = datetime(2019, 1, 1)
@@ -260,10 +420,24 @@ def build(conn: sqlite3.Connection) -> None:
         first = rng.choice(FIRST_F if female else FIRST_M)
         last = rng.choice(LAST)
         hire = datetime(1998, 1, 1) + timedelta(days=rng.randrange(0, 365 * 24))
-        email = None if rng.random() < 0.08 else f"{first[0].lower()}.{last.lower().replace(chr(39), '')}{pid}@stmarys-hospital.org"
+        email = (
+            None
+            if rng.random() < 0.08
+            else f"{first[0].lower()}.{last.lower().replace(chr(39), '')}{pid}@stmarys-hospital.org"
+        )
         status = "retired" if rng.random() < 0.07 else "active"
-        rows.append((pid, first, last, SPECIALTY[DEPARTMENTS[dept_id - 1][0]], dept_id,
-                     hire.strftime("%Y-%m-%d"), email, status))
+        rows.append(
+            (
+                pid,
+                first,
+                last,
+                SPECIALTY[DEPARTMENTS[dept_id - 1][0]],
+                dept_id,
+                hire.strftime("%Y-%m-%d"),
+                email,
+                status,
+            )
+        )
         physicians.append((pid, dept_id))
     conn.executemany("INSERT INTO physicians VALUES (?,?,?,?,?,?,?,?)", rows)
     by_dept: dict[int, list[int]] = {}
@@ -282,7 +456,11 @@ def build(conn: sqlite3.Connection) -> None:
             if rng.random() < 0.04:
                 city += " "  # data-entry leftovers
             ins = None if rng.random() < 0.1 else rng.choice(INSURERS)
-            contact = None if rng.random() < 0.2 else f"{rng.choice(FIRST_F + FIRST_M)} {last} (555-{rng.randrange(100, 1000):03d}-{rng.randrange(0, 10000):04d})"
+            contact = (
+                None
+                if rng.random() < 0.2
+                else f"{rng.choice(FIRST_F + FIRST_M)} {last} (555-{rng.randrange(100, 1000):03d}-{rng.randrange(0, 10000):04d})"
+            )
             a = rng.random()
             if a < 0.12:
                 allergies = None
@@ -290,14 +468,30 @@ def build(conn: sqlite3.Connection) -> None:
                 allergies = "[]"
             else:
                 allergies = json.dumps(sorted(rng.sample(ALLERGENS, rng.choice([1, 1, 1, 2, 3]))))
-            reg = max(birth, datetime(2005, 1, 1)) + timedelta(days=rng.randrange(0, 365 * 3), minutes=rng.randrange(0, 1440))
-            yield (pid, f"MRN{1000000 + pid * 7:07d}", first, last, sex, birth.strftime("%Y-%m-%d"),
-                   blood, city, ins, contact, allergies, _ts(min(reg, datetime(2018, 12, 31, 9, 30))))
+            reg = max(birth, datetime(2005, 1, 1)) + timedelta(
+                days=rng.randrange(0, 365 * 3), minutes=rng.randrange(0, 1440)
+            )
+            yield (
+                pid,
+                f"MRN{1000000 + pid * 7:07d}",
+                first,
+                last,
+                sex,
+                birth.strftime("%Y-%m-%d"),
+                blood,
+                city,
+                ins,
+                contact,
+                allergies,
+                _ts(min(reg, datetime(2018, 12, 31, 9, 30))),
+            )
 
     conn.executemany("INSERT INTO patients VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", patients())
 
     span_min = int((END - START).total_seconds() // 60)
-    admit_times = sorted(START + timedelta(minutes=rng.randrange(0, span_min)) for _ in range(N_ADMISSIONS))
+    admit_times = sorted(
+        START + timedelta(minutes=rng.randrange(0, span_min)) for _ in range(N_ADMISSIONS)
+    )
     # a minority of frequent flyers
     frequent = [rng.randrange(1, N_PATIENTS + 1) for _ in range(300)]
 
@@ -307,11 +501,13 @@ def build(conn: sqlite3.Connection) -> None:
         patient = rng.choice(frequent) if rng.random() < 0.25 else rng.randrange(1, N_PATIENTS + 1)
         icd_main = rng.choice(ICD)
         dept_id = next(i for i, d in enumerate(DEPARTMENTS, 1) if d[0] == icd_main[2])
-        atype = "Newborn" if dept_id == 5 and rng.random() < 0.2 else rng.choice(ADMISSION_TYPES[:-1])
+        atype = (
+            "Newborn" if dept_id == 5 and rng.random() < 0.2 else rng.choice(ADMISSION_TYPES[:-1])
+        )
         physician = None if rng.random() < 0.02 else rng.choice(by_dept[dept_id])
         los_hours = max(3.0, rng.lognormvariate(4.0, 0.8))
         discharge = admit + timedelta(minutes=int(los_hours * 60))
-        still_in = discharge > END or rng.random() < 0.015 and admit > datetime(2023, 9, 1)
+        still_in = discharge > END or (rng.random() < 0.015 and admit > datetime(2023, 9, 1))
         if still_in:
             dis_txt = disp = charge = None
         else:
@@ -319,9 +515,11 @@ def build(conn: sqlite3.Connection) -> None:
             disp = rng.choice(DISPOSITIONS)
             charge = round(1200 + los_hours * rng.uniform(90, 260) + rng.uniform(0, 4000), 2)
         room = f"{DEPARTMENTS[dept_id - 1][1]}{rng.randrange(1, 40):02d}{rng.choice('AB')}"
-        adm_rows.append((aid, patient, physician, dept_id, atype, _ts(admit), dis_txt, disp, room, charge))
+        adm_rows.append(
+            (aid, patient, physician, dept_id, atype, _ts(admit), dis_txt, disp, room, charge)
+        )
 
-        codes = [icd_main] + rng.sample(ICD, rng.choice([0, 0, 1, 1, 2]))
+        codes = [icd_main, *rng.sample(ICD, rng.choice([0, 0, 1, 1, 2]))]
         seen = set()
         for k, (code, desc, _) in enumerate(codes):
             if code in seen:
@@ -332,7 +530,10 @@ def build(conn: sqlite3.Connection) -> None:
             diag_rows.append((diag_id, aid, code, desc, 1 if k == 0 else 0, _ts(when)))
 
         n_labs = rng.choice([2, 3, 4, 4, 5, 6, 7])
-        horizon = max(60, int(los_hours * 60) if not still_in else int((END - admit).total_seconds() // 60) or 60)
+        horizon = max(
+            60,
+            int(los_hours * 60) if not still_in else int((END - admit).total_seconds() // 60) or 60,
+        )
         for test, unit, lo, hi, mean, sd in rng.sample(LABS, min(n_labs, len(LABS))):
             lab_id += 1
             collected = admit + timedelta(minutes=rng.randrange(15, max(16, horizon)))
@@ -343,7 +544,9 @@ def build(conn: sqlite3.Connection) -> None:
                 u, value, vlo, vhi = "umol/L", round(value * 88.4, 1), 53.0, 115.0
             if rng.random() < 0.03:
                 value, status = None, rng.choice(["cancelled", "hemolyzed"])
-            flag = None if value is None else ("H" if value > vhi else ("L" if value < vlo else None))
+            flag = (
+                None if value is None else ("H" if value > vhi else ("L" if value < vlo else None))
+            )
             lab_rows.append((lab_id, aid, test, value, u, vlo, vhi, flag, status, _ts(collected)))
 
         for _ in range(rng.choice([0, 1, 2, 2, 3])):
@@ -351,14 +554,33 @@ def build(conn: sqlite3.Connection) -> None:
             rx_id += 1
             s = admit + timedelta(minutes=rng.randrange(30, 240))
             end = None if still_in or rng.random() < 0.1 else _ts(discharge).split(" ")[0]
-            rx_rows.append((rx_id, aid, drug, float(rng.choice(doses)), freq, route,
-                            s.strftime("%Y-%m-%d"), end))
+            rx_rows.append(
+                (
+                    rx_id,
+                    aid,
+                    drug,
+                    float(rng.choice(doses)),
+                    freq,
+                    route,
+                    s.strftime("%Y-%m-%d"),
+                    end,
+                )
+            )
 
         if los_hours > 48 and rng.random() < 0.3:
             tr_id += 1
             to = rng.randrange(1, len(DEPARTMENTS) + 1)
             when = admit + timedelta(minutes=rng.randrange(60, int(los_hours * 30)))
-            tr_rows.append((tr_id, aid, dept_id, to if to != dept_id else 7, _ts(when), rng.choice(TRANSFER_REASONS)))
+            tr_rows.append(
+                (
+                    tr_id,
+                    aid,
+                    dept_id,
+                    to if to != dept_id else 7,
+                    _ts(when),
+                    rng.choice(TRANSFER_REASONS),
+                )
+            )
 
     conn.executemany("INSERT INTO admissions VALUES (?,?,?,?,?,?,?,?,?,?)", adm_rows)
     conn.executemany("INSERT INTO diagnoses VALUES (?,?,?,?,?,?)", diag_rows)
@@ -367,5 +589,9 @@ def build(conn: sqlite3.Connection) -> None:
     conn.executemany('INSERT INTO "Ward Transfers" VALUES (?,?,?,?,?,?)', tr_rows)
     conn.executemany(
         "INSERT INTO audit_log (table_name, row_id, action, old_value, new_value, logged_at) VALUES (?,?,?,?,?,?)",
-        (("admissions", r[0], "discharge_update", None, r[6], r[6]) for r in adm_rows[-40:] if r[6]),
+        (
+            ("admissions", r[0], "discharge_update", None, r[6], r[6])
+            for r in adm_rows[-40:]
+            if r[6]
+        ),
     )

@@ -111,41 +111,227 @@ POST_SCHEMA = [
         END""",
 ]
 
-_ADJ = ["Silent", "Broken", "Golden", "Hidden", "Last", "Crimson", "Endless", "Frozen", "Wild",
-        "Distant", "Burning", "Quiet", "Lost", "Electric", "Northern", "Hollow", "Midnight",
-        "Paper", "Velvet", "Iron", "Secret", "Bitter", "Little", "Savage", "Lonely"]
-_NOUN = ["Harbor", "River", "Summer", "City", "Garden", "Mirror", "Train", "Kingdom", "Shadow",
-         "Highway", "Island", "Letter", "Orchard", "Winter", "Station", "Theory", "Machine",
-         "Dream", "Frontier", "Parade", "Lighthouse", "Carnival", "Witness", "Storm", "Echo"]
-_PATTERNS = ["The {a} {n}", "{a} {n}", "A {a} {n}", "The {n}", "{n} of the {a} {n2}",
-             "Return to the {n}", "{a} {n} II", "Beyond the {n}", "{n} & {n2}", "Mr. {n}"]
-_GENRES = ["Drama", "Comedy", "Thriller", "Horror", "Documentary", "Romance", "Sci-Fi",
-           "Animation", "Crime", "Adventure", "Fantasy", "Musical", "War", "Western", "Mystery"]
+_ADJ = [
+    "Silent",
+    "Broken",
+    "Golden",
+    "Hidden",
+    "Last",
+    "Crimson",
+    "Endless",
+    "Frozen",
+    "Wild",
+    "Distant",
+    "Burning",
+    "Quiet",
+    "Lost",
+    "Electric",
+    "Northern",
+    "Hollow",
+    "Midnight",
+    "Paper",
+    "Velvet",
+    "Iron",
+    "Secret",
+    "Bitter",
+    "Little",
+    "Savage",
+    "Lonely",
+]
+_NOUN = [
+    "Harbor",
+    "River",
+    "Summer",
+    "City",
+    "Garden",
+    "Mirror",
+    "Train",
+    "Kingdom",
+    "Shadow",
+    "Highway",
+    "Island",
+    "Letter",
+    "Orchard",
+    "Winter",
+    "Station",
+    "Theory",
+    "Machine",
+    "Dream",
+    "Frontier",
+    "Parade",
+    "Lighthouse",
+    "Carnival",
+    "Witness",
+    "Storm",
+    "Echo",
+]
+_PATTERNS = [
+    "The {a} {n}",
+    "{a} {n}",
+    "A {a} {n}",
+    "The {n}",
+    "{n} of the {a} {n2}",
+    "Return to the {n}",
+    "{a} {n} II",
+    "Beyond the {n}",
+    "{n} & {n2}",
+    "Mr. {n}",
+]
+_GENRES = [
+    "Drama",
+    "Comedy",
+    "Thriller",
+    "Horror",
+    "Documentary",
+    "Romance",
+    "Sci-Fi",
+    "Animation",
+    "Crime",
+    "Adventure",
+    "Fantasy",
+    "Musical",
+    "War",
+    "Western",
+    "Mystery",
+]
 _LANGS = ["en"] * 14 + ["fr", "fr", "es", "de", "it", "ja", "ko", "sv", "pt", "zh"]
-_COUNTRIES = ["USA", "France", "Germany", "UK", "Japan", "Brazil", "Canada", "Spain", "Italy",
-              "South Korea", "Mexico", "India", "Sweden", "Australia", "Poland"]
-_FIRST = ["Anna", "Ben", "Clara", "David", "Elena", "Felix", "Grace", "Hugo", "Ines", "Jonas",
-          "Karin", "Liam", "Maya", "Noah", "Olga", "Pablo", "Quinn", "Rosa", "Sami", "Tara",
-          "Umar", "Vera", "Wen", "Ximena", "Yusuf", "Zoe", "Marta", "Akira", "Lucia", "Omar"]
-_LAST = ["Adams", "Berg", "Costa", "Dubois", "Eriksson", "Fischer", "Garcia", "Hansen", "Ito",
-         "Jensen", "Kowalski", "Lopez", "Moreau", "Nakamura", "Olsen", "Petrov", "Rossi",
-         "Schmidt", "Tanaka", "Usman", "Varga", "Weber", "Young", "Zhang", "Novak", "Kim"]
-_KEYWORDS = ["heist", "coming-of-age", "revenge", "road trip", "time travel", "small town",
-             "based on novel", "true story", "dystopia", "family", "friendship", "space",
-             "courtroom", "sports", "music", "war", "ghost", "detective", "island", "wedding"]
-_CRITIC = ["Loved every minute.", "A bit too long in the middle.", "The score is wonderful.",
-           "Overrated, honestly.", "Beautiful cinematography!", "Fell asleep twice.",
-           "An instant classic.", "The ending ruined it for me.", "Great cast, weak script.",
-           "Rewatched it, still amazing.", "Not my kind of film.", "Masterpiece."]
-_LIST_WORDS = ["Favorites", "Watchlist", "Best of", "Comfort films", "Rainy day", "Must see",
-               "Hidden gems", "Guilty pleasures", "Top 10", "To rewatch", "Date night",
-               "Criterion picks", "Festival favorites", "Halloween", "Sunday classics"]
+_COUNTRIES = [
+    "USA",
+    "France",
+    "Germany",
+    "UK",
+    "Japan",
+    "Brazil",
+    "Canada",
+    "Spain",
+    "Italy",
+    "South Korea",
+    "Mexico",
+    "India",
+    "Sweden",
+    "Australia",
+    "Poland",
+]
+_FIRST = [
+    "Anna",
+    "Ben",
+    "Clara",
+    "David",
+    "Elena",
+    "Felix",
+    "Grace",
+    "Hugo",
+    "Ines",
+    "Jonas",
+    "Karin",
+    "Liam",
+    "Maya",
+    "Noah",
+    "Olga",
+    "Pablo",
+    "Quinn",
+    "Rosa",
+    "Sami",
+    "Tara",
+    "Umar",
+    "Vera",
+    "Wen",
+    "Ximena",
+    "Yusuf",
+    "Zoe",
+    "Marta",
+    "Akira",
+    "Lucia",
+    "Omar",
+]
+_LAST = [
+    "Adams",
+    "Berg",
+    "Costa",
+    "Dubois",
+    "Eriksson",
+    "Fischer",
+    "Garcia",
+    "Hansen",
+    "Ito",
+    "Jensen",
+    "Kowalski",
+    "Lopez",
+    "Moreau",
+    "Nakamura",
+    "Olsen",
+    "Petrov",
+    "Rossi",
+    "Schmidt",
+    "Tanaka",
+    "Usman",
+    "Varga",
+    "Weber",
+    "Young",
+    "Zhang",
+    "Novak",
+    "Kim",
+]
+_KEYWORDS = [
+    "heist",
+    "coming-of-age",
+    "revenge",
+    "road trip",
+    "time travel",
+    "small town",
+    "based on novel",
+    "true story",
+    "dystopia",
+    "family",
+    "friendship",
+    "space",
+    "courtroom",
+    "sports",
+    "music",
+    "war",
+    "ghost",
+    "detective",
+    "island",
+    "wedding",
+]
+_CRITIC = [
+    "Loved every minute.",
+    "A bit too long in the middle.",
+    "The score is wonderful.",
+    "Overrated, honestly.",
+    "Beautiful cinematography!",
+    "Fell asleep twice.",
+    "An instant classic.",
+    "The ending ruined it for me.",
+    "Great cast, weak script.",
+    "Rewatched it, still amazing.",
+    "Not my kind of film.",
+    "Masterpiece.",
+]
+_LIST_WORDS = [
+    "Favorites",
+    "Watchlist",
+    "Best of",
+    "Comfort films",
+    "Rainy day",
+    "Must see",
+    "Hidden gems",
+    "Guilty pleasures",
+    "Top 10",
+    "To rewatch",
+    "Date night",
+    "Criterion picks",
+    "Festival favorites",
+    "Halloween",
+    "Sunday classics",
+]
 
 
 def _ts(rng: random.Random, y0: int, y1: int) -> str:
     """A 'YYYY-MM-DD HH:MM:SS' timestamp uniformly within the years y0..y1."""
-    day = datetime.date.fromordinal(rng.randint(datetime.date(y0, 1, 1).toordinal(),
-                                                datetime.date(y1, 12, 31).toordinal()))
+    day = datetime.date.fromordinal(
+        rng.randint(datetime.date(y0, 1, 1).toordinal(), datetime.date(y1, 12, 31).toordinal())
+    )
     sec = rng.randrange(86_400)
     return f"{day.isoformat()} {sec // 3600:02d}:{sec // 60 % 60:02d}:{sec % 60:02d}"
 
@@ -193,7 +379,11 @@ def _users(rng: random.Random):
         first, last = rng.choice(_FIRST), rng.choice(_LAST)
         uname = f"{first.lower()}{last.lower()}{i}"
         display = None if rng.random() < 0.2 else f"{first} {last}"
-        email = None if rng.random() < 0.07 else f"{uname}@{rng.choice(['mail.com', 'inbox.org', 'Example.NET', 'cine.io'])}"
+        email = (
+            None
+            if rng.random() < 0.07
+            else f"{uname}@{rng.choice(['mail.com', 'inbox.org', 'Example.NET', 'cine.io'])}"
+        )
         country = None if rng.random() < 0.15 else rng.choice(_COUNTRIES)
         signup = _ts(rng, 2012, 2023)
         trialist = 1 if rng.random() < 0.25 else 0
@@ -248,8 +438,9 @@ def build(conn: sqlite3.Connection) -> None:
     conn.executemany("INSERT INTO ratings VALUES (?,?,?,?,?,?,?)", _ratings(rng, weights))
     lists = list(_lists(rng))
     conn.executemany("INSERT INTO lists VALUES (?,?,?,?,?,?,?,?)", lists)
-    conn.executemany("INSERT INTO list_items VALUES (?,?,?,?)",
-                     _list_items(rng, [row[4] for row in lists]))
+    conn.executemany(
+        "INSERT INTO list_items VALUES (?,?,?,?)", _list_items(rng, [row[4] for row in lists])
+    )
     # Bring the denormalised counters in step before the triggers take over.
     conn.execute("""UPDATE lists SET
         movie_count = (SELECT COUNT(*) FROM list_items li WHERE li.list_id = lists.list_id),

@@ -152,30 +152,175 @@ BEGIN
 END""",
 ]
 
-FIRST = ["James", "Mary", "Robert", "Patricia", "John", "Jennifer", "Michael", "Linda", "David",
-         "Elizabeth", "William", "Barbara", "Richard", "Susan", "Joseph", "Jessica", "Thomas",
-         "Sarah", "Carlos", "Karen", "Daniel", "Lisa", "Matthew", "Nancy", "Anthony", "Betty",
-         "Mark", "Sandra", "Donald", "Ashley", "Steven", "Kimberly", "Andrew", "Emily", "Paul",
-         "Donna", "Joshua", "Michelle", "Kenneth", "Carol", "Kevin", "Amanda", "Brian", "Melissa",
-         "Wei", "Priya", "Mohammed", "Sofia", "Hiroshi", "Ana", "Luis", "Fatima", "Olga", "Raj"]
-LAST = ["Smith", "Johnson", "Williams", "Brown", "Jones", "Garcia", "Miller", "Davis", "Rodriguez",
-        "Martinez", "Hernandez", "Lopez", "Gonzalez", "Wilson", "Anderson", "Thomas", "Taylor",
-        "Moore", "Jackson", "Martin", "Lee", "Perez", "Thompson", "White", "Harris", "Sanchez",
-        "Clark", "Ramirez", "Lewis", "Robinson", "Walker", "Young", "Allen", "King", "Wright",
-        "Scott", "Torres", "Nguyen", "Hill", "Flores", "Green", "Adams", "Nelson", "Baker", "Hall",
-        "Rivera", "Campbell", "Mitchell", "Carter", "Roberts", "O'Brien", "Patel", "Kim", "Chen"]
-CITIES = [("Austin", "TX"), ("Dallas", "TX"), ("Houston", "TX"), ("San Antonio", "TX"),
-          ("Los Angeles", "CA"), ("San Diego", "CA"), ("San Jose", "CA"), ("Sacramento", "CA"),
-          ("Fresno", "CA"), ("New York", "NY"), ("Buffalo", "NY"), ("Rochester", "NY"),
-          ("Chicago", "IL"), ("Springfield", "IL"), ("Phoenix", "AZ"), ("Tucson", "AZ"),
-          ("Philadelphia", "PA"), ("Pittsburgh", "PA"), ("Jacksonville", "FL"), ("Miami", "FL"),
-          ("Tampa", "FL"), ("Orlando", "FL"), ("Columbus", "OH"), ("Cleveland", "OH"),
-          ("Seattle", "WA"), ("Spokane", "WA"), ("Denver", "CO"), ("Boston", "MA"),
-          ("Portland", "OR"), ("Atlanta", "GA"), ("Nashville", "TN"), ("Detroit", "MI"),
-          ("Minneapolis", "MN"), ("Charlotte", "NC"), ("Raleigh", "NC"), ("Las Vegas", "NV"),
-          ("Springfield", "MO"), ("Kansas City", "MO"), ("Salt Lake City", "UT"), ("Omaha", "NE")]
-STREETS = ["Main St", "Oak Ave", "Maple Dr", "Cedar Ln", "Pine St", "Elm St", "Lakeview Rd",
-           "Washington Blvd", "Park Ave", "Sunset Blvd", "Hillcrest Dr", "River Rd", "2nd St"]
+FIRST = [
+    "James",
+    "Mary",
+    "Robert",
+    "Patricia",
+    "John",
+    "Jennifer",
+    "Michael",
+    "Linda",
+    "David",
+    "Elizabeth",
+    "William",
+    "Barbara",
+    "Richard",
+    "Susan",
+    "Joseph",
+    "Jessica",
+    "Thomas",
+    "Sarah",
+    "Carlos",
+    "Karen",
+    "Daniel",
+    "Lisa",
+    "Matthew",
+    "Nancy",
+    "Anthony",
+    "Betty",
+    "Mark",
+    "Sandra",
+    "Donald",
+    "Ashley",
+    "Steven",
+    "Kimberly",
+    "Andrew",
+    "Emily",
+    "Paul",
+    "Donna",
+    "Joshua",
+    "Michelle",
+    "Kenneth",
+    "Carol",
+    "Kevin",
+    "Amanda",
+    "Brian",
+    "Melissa",
+    "Wei",
+    "Priya",
+    "Mohammed",
+    "Sofia",
+    "Hiroshi",
+    "Ana",
+    "Luis",
+    "Fatima",
+    "Olga",
+    "Raj",
+]
+LAST = [
+    "Smith",
+    "Johnson",
+    "Williams",
+    "Brown",
+    "Jones",
+    "Garcia",
+    "Miller",
+    "Davis",
+    "Rodriguez",
+    "Martinez",
+    "Hernandez",
+    "Lopez",
+    "Gonzalez",
+    "Wilson",
+    "Anderson",
+    "Thomas",
+    "Taylor",
+    "Moore",
+    "Jackson",
+    "Martin",
+    "Lee",
+    "Perez",
+    "Thompson",
+    "White",
+    "Harris",
+    "Sanchez",
+    "Clark",
+    "Ramirez",
+    "Lewis",
+    "Robinson",
+    "Walker",
+    "Young",
+    "Allen",
+    "King",
+    "Wright",
+    "Scott",
+    "Torres",
+    "Nguyen",
+    "Hill",
+    "Flores",
+    "Green",
+    "Adams",
+    "Nelson",
+    "Baker",
+    "Hall",
+    "Rivera",
+    "Campbell",
+    "Mitchell",
+    "Carter",
+    "Roberts",
+    "O'Brien",
+    "Patel",
+    "Kim",
+    "Chen",
+]
+CITIES = [
+    ("Austin", "TX"),
+    ("Dallas", "TX"),
+    ("Houston", "TX"),
+    ("San Antonio", "TX"),
+    ("Los Angeles", "CA"),
+    ("San Diego", "CA"),
+    ("San Jose", "CA"),
+    ("Sacramento", "CA"),
+    ("Fresno", "CA"),
+    ("New York", "NY"),
+    ("Buffalo", "NY"),
+    ("Rochester", "NY"),
+    ("Chicago", "IL"),
+    ("Springfield", "IL"),
+    ("Phoenix", "AZ"),
+    ("Tucson", "AZ"),
+    ("Philadelphia", "PA"),
+    ("Pittsburgh", "PA"),
+    ("Jacksonville", "FL"),
+    ("Miami", "FL"),
+    ("Tampa", "FL"),
+    ("Orlando", "FL"),
+    ("Columbus", "OH"),
+    ("Cleveland", "OH"),
+    ("Seattle", "WA"),
+    ("Spokane", "WA"),
+    ("Denver", "CO"),
+    ("Boston", "MA"),
+    ("Portland", "OR"),
+    ("Atlanta", "GA"),
+    ("Nashville", "TN"),
+    ("Detroit", "MI"),
+    ("Minneapolis", "MN"),
+    ("Charlotte", "NC"),
+    ("Raleigh", "NC"),
+    ("Las Vegas", "NV"),
+    ("Springfield", "MO"),
+    ("Kansas City", "MO"),
+    ("Salt Lake City", "UT"),
+    ("Omaha", "NE"),
+]
+STREETS = [
+    "Main St",
+    "Oak Ave",
+    "Maple Dr",
+    "Cedar Ln",
+    "Pine St",
+    "Elm St",
+    "Lakeview Rd",
+    "Washington Blvd",
+    "Park Ave",
+    "Sunset Blvd",
+    "Hillcrest Dr",
+    "River Rd",
+    "2nd St",
+]
 CATEGORY_TREE = [
     ("Electronics", ["Laptops", "Phones", "Headphones", "Cameras", "Smart Home"]),
     ("Home & Kitchen", ["Cookware", "Furniture", "Bedding", "Lighting"]),
@@ -186,35 +331,106 @@ CATEGORY_TREE = [
     ("Beauty", ["Skincare", "Haircare"]),
     ("Grocery", ["Coffee & Tea", "Snacks"]),
 ]
-ADJ = ["Classic", "Ultra", "Eco", "Pro", "Compact", "Deluxe", "Smart", "Vintage", "Premium",
-       "Essential", "Lite", "Max", "Urban", "Nordic", "Rapid"]
+ADJ = [
+    "Classic",
+    "Ultra",
+    "Eco",
+    "Pro",
+    "Compact",
+    "Deluxe",
+    "Smart",
+    "Vintage",
+    "Premium",
+    "Essential",
+    "Lite",
+    "Max",
+    "Urban",
+    "Nordic",
+    "Rapid",
+]
 NOUN = {
-    "Laptops": "Laptop", "Phones": "Phone", "Headphones": "Headphones", "Cameras": "Camera",
-    "Smart Home": "Smart Plug", "Cookware": "Skillet", "Furniture": "Side Table",
-    "Bedding": "Duvet Cover", "Lighting": "Desk Lamp", "Men's Apparel": "Oxford Shirt",
-    "Women's Apparel": "Linen Dress", "Shoes": "Running Shoe", "Accessories": "Leather Belt",
-    "Camping": "Tent", "Fitness": "Yoga Mat", "Cycling": "Bike Helmet", "Fiction": "Novel",
-    "Non-Fiction": "Field Guide", "Children's Books": "Picture Book", "Board Games": "Board Game",
-    "Puzzles": "Jigsaw Puzzle", "Outdoor Toys": "Kite", "Skincare": "Face Cream",
-    "Haircare": "Shampoo", "Coffee & Tea": "Coffee Beans", "Snacks": "Trail Mix",
+    "Laptops": "Laptop",
+    "Phones": "Phone",
+    "Headphones": "Headphones",
+    "Cameras": "Camera",
+    "Smart Home": "Smart Plug",
+    "Cookware": "Skillet",
+    "Furniture": "Side Table",
+    "Bedding": "Duvet Cover",
+    "Lighting": "Desk Lamp",
+    "Men's Apparel": "Oxford Shirt",
+    "Women's Apparel": "Linen Dress",
+    "Shoes": "Running Shoe",
+    "Accessories": "Leather Belt",
+    "Camping": "Tent",
+    "Fitness": "Yoga Mat",
+    "Cycling": "Bike Helmet",
+    "Fiction": "Novel",
+    "Non-Fiction": "Field Guide",
+    "Children's Books": "Picture Book",
+    "Board Games": "Board Game",
+    "Puzzles": "Jigsaw Puzzle",
+    "Outdoor Toys": "Kite",
+    "Skincare": "Face Cream",
+    "Haircare": "Shampoo",
+    "Coffee & Tea": "Coffee Beans",
+    "Snacks": "Trail Mix",
 }
 PRICE_RANGE = {
-    "Laptops": (499, 2499), "Phones": (199, 1299), "Headphones": (19, 399), "Cameras": (149, 1899),
-    "Smart Home": (15, 249), "Cookware": (19, 299), "Furniture": (49, 899), "Bedding": (25, 249),
-    "Lighting": (15, 199), "Men's Apparel": (15, 129), "Women's Apparel": (15, 179),
-    "Shoes": (39, 219), "Accessories": (9, 149), "Camping": (19, 599), "Fitness": (9, 349),
-    "Cycling": (19, 499), "Fiction": (7, 29), "Non-Fiction": (9, 45), "Children's Books": (5, 25),
-    "Board Games": (15, 89), "Puzzles": (9, 49), "Outdoor Toys": (9, 99), "Skincare": (8, 89),
-    "Haircare": (5, 49), "Coffee & Tea": (6, 39), "Snacks": (3, 19),
+    "Laptops": (499, 2499),
+    "Phones": (199, 1299),
+    "Headphones": (19, 399),
+    "Cameras": (149, 1899),
+    "Smart Home": (15, 249),
+    "Cookware": (19, 299),
+    "Furniture": (49, 899),
+    "Bedding": (25, 249),
+    "Lighting": (15, 199),
+    "Men's Apparel": (15, 129),
+    "Women's Apparel": (15, 179),
+    "Shoes": (39, 219),
+    "Accessories": (9, 149),
+    "Camping": (19, 599),
+    "Fitness": (9, 349),
+    "Cycling": (19, 499),
+    "Fiction": (7, 29),
+    "Non-Fiction": (9, 45),
+    "Children's Books": (5, 25),
+    "Board Games": (15, 89),
+    "Puzzles": (9, 49),
+    "Outdoor Toys": (9, 99),
+    "Skincare": (8, 89),
+    "Haircare": (5, 49),
+    "Coffee & Tea": (6, 39),
+    "Snacks": (3, 19),
 }
 COLORS = ["black", "white", "silver", "red", "blue", "green", "navy", "grey", "beige"]
 COUNTRIES = ["US", "US", "US", "CN", "DE", "MX", "VN", "IN", "IT", "CA"]
-STATUSES = ["delivered"] * 80 + ["shipped"] * 6 + ["cancelled"] * 7 + ["returned"] * 4 + ["processing"] * 3
+STATUSES = (
+    ["delivered"] * 80 + ["shipped"] * 6 + ["cancelled"] * 7 + ["returned"] * 4 + ["processing"] * 3
+)
 PAYMENTS = ["credit_card"] * 6 + ["paypal"] * 2 + ["debit_card"] * 2 + ["gift_card", "apple_pay"]
 COUPONS = ["WELCOME10", "SPRING15", "BLACKFRIDAY", "FREESHIP", "VIP20"]
-RETURN_REASONS = ["damaged", "wrong size", "not as described", "changed mind", "late delivery", None]
-REVIEW_TITLES = ["Great value", "Does the job", "Disappointed", "Love it!", "Would buy again",
-                 "Not worth the price", "Exactly as pictured", "Stopped working", None, None]
+RETURN_REASONS = [
+    "damaged",
+    "wrong size",
+    "not as described",
+    "changed mind",
+    "late delivery",
+    None,
+]
+REVIEW_TITLES = [
+    "Great value",
+    "Does the job",
+    "Disappointed",
+    "Love it!",
+    "Would buy again",
+    "Not worth the price",
+    "Exactly as pictured",
+    "Stopped working",
+    None,
+    None,
+]
 
 EPOCH = datetime(2021, 1, 1)
 SPAN_SECONDS = int((datetime(2025, 1, 1) - EPOCH).total_seconds())
@@ -237,9 +453,28 @@ def _categories():
 
 
 def _suppliers(rng):
-    words = ["Acme", "Globex", "Initech", "Umbrella", "Northwind", "Contoso", "Fabrikam", "Tailspin",
-             "Wide World", "Adventure Works", "Blue Yonder", "Litware", "Proseware", "Lucerne",
-             "Coho", "Woodgrove", "Alpine", "Summit", "Harbor", "Pioneer"]
+    words = [
+        "Acme",
+        "Globex",
+        "Initech",
+        "Umbrella",
+        "Northwind",
+        "Contoso",
+        "Fabrikam",
+        "Tailspin",
+        "Wide World",
+        "Adventure Works",
+        "Blue Yonder",
+        "Litware",
+        "Proseware",
+        "Lucerne",
+        "Coho",
+        "Woodgrove",
+        "Alpine",
+        "Summit",
+        "Harbor",
+        "Pioneer",
+    ]
     kinds = ["Trading", "Imports", "Manufacturing", "Supply Co.", "Goods", "Industries"]
     for sid in range(1, N_SUPPLIERS + 1):
         name = f"{words[(sid - 1) % len(words)]} {kinds[(sid - 1) // len(words) % len(kinds)]}"
@@ -261,19 +496,34 @@ def _products(rng, leaves, prices):
         cost = None if rng.random() < 0.05 else round(price * rng.uniform(0.35, 0.75), 2)
         attrs = {"color": rng.choice(COLORS)}
         if cat in ("Shoes", "Men's Apparel", "Women's Apparel"):
-            attrs["size"] = rng.choice(["XS", "S", "M", "L", "XL"]) if cat != "Shoes" else str(rng.randint(5, 13))
+            attrs["size"] = (
+                rng.choice(["XS", "S", "M", "L", "XL"])
+                if cat != "Shoes"
+                else str(rng.randint(5, 13))
+            )
         if cat in ("Laptops", "Phones", "Headphones", "Cameras", "Smart Home"):
             attrs["warranty_months"] = rng.choice([6, 12, 12, 24, 36])
             attrs["wireless"] = rng.random() < 0.6
         attrs["weight_kg"] = round(rng.uniform(0.1, 12.0), 2)
         if rng.random() < 0.3:
-            attrs["tags"] = rng.sample(["bestseller", "gift", "eco", "new", "clearance", "bundle"], 2)
+            attrs["tags"] = rng.sample(
+                ["bestseller", "gift", "eco", "new", "clearance", "bundle"], 2
+            )
         supplier = None if rng.random() < 0.03 else rng.randint(1, N_SUPPLIERS)
         launched = date(2018, 1, 1) + timedelta(days=rng.randrange(2200))
-        yield (pid, f"SKU-{cat_id:02d}-{pid:05d}", f"{rng.choice(ADJ)} {NOUN[cat]} {rng.randint(100, 999)}",
-               cat_id, supplier, price, cost, rng.randint(0, 500), 1 if rng.random() < 0.06 else 0,
-               launched.isoformat() if rng.random() > 0.04 else None,
-               json.dumps(attrs) if rng.random() > 0.02 else None)
+        yield (
+            pid,
+            f"SKU-{cat_id:02d}-{pid:05d}",
+            f"{rng.choice(ADJ)} {NOUN[cat]} {rng.randint(100, 999)}",
+            cat_id,
+            supplier,
+            price,
+            cost,
+            rng.randint(0, 500),
+            1 if rng.random() < 0.06 else 0,
+            launched.isoformat() if rng.random() > 0.04 else None,
+            json.dumps(attrs) if rng.random() > 0.02 else None,
+        )
 
 
 def _customers(rng, homes):
@@ -287,11 +537,31 @@ def _customers(rng, homes):
         email = f"{first.lower()}.{last.lower().replace(chr(39), '')}{cid}@{domain}"
         if cid % 97 == 0:
             email = email.upper()  # legacy imports kept upper case
-        phone = None if rng.random() < 0.22 else f"({rng.randint(201, 989)}) {rng.randint(200, 999)}-{rng.randint(0, 9999):04d}"
+        phone = (
+            None
+            if rng.random() < 0.22
+            else f"({rng.randint(201, 989)}) {rng.randint(200, 999)}-{rng.randint(0, 9999):04d}"
+        )
         signup = date(2019, 1, 1) + timedelta(days=rng.randrange(2190))
-        birth = None if rng.random() < 0.3 else (date(1950, 1, 1) + timedelta(days=rng.randrange(19000))).isoformat()
-        yield (cid, first, last, email, phone, city, state, "US", signup.isoformat(), birth,
-               tiers[rng.randrange(10)], 1 if rng.random() < 0.45 else 0)
+        birth = (
+            None
+            if rng.random() < 0.3
+            else (date(1950, 1, 1) + timedelta(days=rng.randrange(19000))).isoformat()
+        )
+        yield (
+            cid,
+            first,
+            last,
+            email,
+            phone,
+            city,
+            state,
+            "US",
+            signup.isoformat(),
+            birth,
+            tiers[rng.randrange(10)],
+            1 if rng.random() < 0.45 else 0,
+        )
 
 
 def _order_items(rng, prices, totals, first_item):
@@ -335,24 +605,48 @@ def _orders(rng, totals, homes):
             ship = ship_d.isoformat() if ship_d else None
             if status != "shipped":
                 delivered = (ts.date() + timedelta(days=rng.randint(2, 12))).isoformat()
-        city, state = CITIES[homes[cust - 1]] if rng.random() < 0.9 else CITIES[rng.randrange(len(CITIES))]
-        addr = {"street": f"{rng.randint(1, 9999)} {rng.choice(STREETS)}", "city": city,
-                "state": state, "zip": f"{rng.randint(10000, 99999)}", "country": "US"}
+        city, state = (
+            CITIES[homes[cust - 1]] if rng.random() < 0.9 else CITIES[rng.randrange(len(CITIES))]
+        )
+        addr = {
+            "street": f"{rng.randint(1, 9999)} {rng.choice(STREETS)}",
+            "city": city,
+            "state": state,
+            "zip": f"{rng.randint(10000, 99999)}",
+            "country": "US",
+        }
         if rng.random() < 0.05:
             addr["gift"] = True
         fee = 0.0 if totals[i] >= 50 else rng.choice([4.99, 5.99, 7.99])
         coupon = COUPONS[rng.randrange(5)] if rng.random() < 0.12 else None
-        yield (oid, cust, ts.strftime("%Y-%m-%d %H:%M:%S"), status, ship, delivered,
-               PAYMENTS[rng.randrange(12)], coupon, fee, round(totals[i] + fee, 2),
-               json.dumps(addr) if rng.random() > 0.01 else None)
+        yield (
+            oid,
+            cust,
+            ts.strftime("%Y-%m-%d %H:%M:%S"),
+            status,
+            ship,
+            delivered,
+            PAYMENTS[rng.randrange(12)],
+            coupon,
+            fee,
+            round(totals[i] + fee, 2),
+            json.dumps(addr) if rng.random() > 0.01 else None,
+        )
 
 
 def _reviews(rng):
     for rid in range(1, N_REVIEWS + 1):
         rating = rng.choice([1, 2, 3, 4, 4, 5, 5, 5])
         day = date(2021, 1, 15) + timedelta(days=rng.randrange(1440))
-        yield (rid, rng.randint(1, N_PRODUCTS), rng.randint(1, N_CUSTOMERS), rating, day.isoformat(),
-               rng.choice(REVIEW_TITLES), 1 if rng.random() < 0.7 else 0)
+        yield (
+            rid,
+            rng.randint(1, N_PRODUCTS),
+            rng.randint(1, N_CUSTOMERS),
+            rating,
+            day.isoformat(),
+            rng.choice(REVIEW_TITLES),
+            1 if rng.random() < 0.7 else 0,
+        )
 
 
 def _returns(rng, n_items):
@@ -381,19 +675,28 @@ def build(conn: sqlite3.Connection) -> None:
     conn.executemany("INSERT INTO categories VALUES (?, ?, ?)", cats)
     conn.executemany("INSERT INTO suppliers VALUES (?, ?, ?, ?, ?, ?)", _suppliers(rng))
     prices: list[float] = []
-    conn.executemany("INSERT INTO products VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                     _products(rng, leaves, prices))
+    conn.executemany(
+        "INSERT INTO products VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        _products(rng, leaves, prices),
+    )
     homes = array("i")
-    conn.executemany("INSERT INTO customers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                     _customers(rng, homes))
+    conn.executemany(
+        "INSERT INTO customers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _customers(rng, homes)
+    )
     totals = array("d")
     first_item = array("i")
-    conn.executemany("INSERT INTO order_items VALUES (?, ?, ?, ?, ?, ?, ?)",
-                     _order_items(random.Random(SEED + 1), prices, totals, first_item))
-    conn.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                     _orders(random.Random(SEED + 2), totals, homes))
+    conn.executemany(
+        "INSERT INTO order_items VALUES (?, ?, ?, ?, ?, ?, ?)",
+        _order_items(random.Random(SEED + 1), prices, totals, first_item),
+    )
+    conn.executemany(
+        "INSERT INTO orders VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        _orders(random.Random(SEED + 2), totals, homes),
+    )
     conn.executemany("INSERT INTO product_reviews VALUES (?, ?, ?, ?, ?, ?, ?)", _reviews(rng))
-    conn.executemany('INSERT INTO "Returns" VALUES (?, ?, ?, ?, ?)', _returns(rng, first_item[-1] - 1))
+    conn.executemany(
+        'INSERT INTO "Returns" VALUES (?, ?, ?, ?, ?)', _returns(rng, first_item[-1] - 1)
+    )
     conn.executemany("INSERT INTO stock_movements VALUES (?, ?, ?, ?, ?)", _stock_movements(rng))
     for stmt in INDEXES + VIEWS_AND_TRIGGERS:
         conn.execute(stmt)

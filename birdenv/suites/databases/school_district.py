@@ -127,25 +127,132 @@ BEGIN
 END""",
 ]
 
-COUNTIES = [("01", "Alameda"), ("07", "Contra Costa"), ("10", "Fresno"), ("15", "Kern"),
-            ("19", "Los Angeles"), ("24", "Merced"), ("27", "Monterey"), ("30", "Orange"),
-            ("31", "Placer"), ("33", "Riverside"), ("34", "Sacramento"), ("36", "San Bernardino"),
-            ("37", "San Diego"), ("38", "San Francisco"), ("39", "San Joaquin"), ("41", "San Mateo"),
-            ("42", "Santa Barbara"), ("43", "Santa Clara"), ("44", "Santa Cruz"), ("48", "Solano"),
-            ("49", "Sonoma"), ("50", "Stanislaus"), ("54", "Tulare"), ("56", "Ventura")]
-TOWNS = ["Oakview", "Riverbend", "Cedar Grove", "Mission Hills", "Sierra Vista", "Palm Valley",
-         "Harbor City", "Granite Bay", "Willow Creek", "Sunnyside", "Lakeport", "Redwood Flats",
-         "Mesa Verde", "Golden Hills", "Fairmont", "Valley Springs", "Pacific Grove", "El Camino",
-         "Santa Rita", "Los Robles", "Buena Park", "Twin Oaks", "Clearwater", "Pine Ridge"]
-DTYPES = ["Unified School District"] * 5 + ["Elementary School District"] * 3 + ["High School District"] * 2
-PEOPLE_F = ["Maria", "Jose", "Linda", "David", "Susan", "Michael", "Karen", "Carlos", "Jennifer",
-            "Robert", "Ana", "Kevin", "Laura", "Daniel", "Patricia", "Thomas", "Grace", "Victor"]
-PEOPLE_L = ["Garcia", "Nguyen", "Smith", "Lopez", "Johnson", "Martinez", "Kim", "Brown", "Hernandez",
-            "Wilson", "Chen", "Davis", "Ramirez", "Patel", "Anderson", "Flores", "Okafor", "Silva"]
-PATRONS = ["Lincoln", "Washington", "Jefferson", "Roosevelt", "Cesar Chavez", "Kennedy", "Madison",
-           "Franklin", "Sequoia", "Oak Grove", "Vista Del Mar", "Hillside", "Parkview", "Sunrise",
-           "Mountain View", "Valley Oak", "Harriet Tubman", "Rosa Parks", "John Muir", "Sycamore",
-           "Del Norte", "Bayside", "Meadowbrook", "Eastside", "Westwood", "Northgate", "Monte Vista"]
+COUNTIES = [
+    ("01", "Alameda"),
+    ("07", "Contra Costa"),
+    ("10", "Fresno"),
+    ("15", "Kern"),
+    ("19", "Los Angeles"),
+    ("24", "Merced"),
+    ("27", "Monterey"),
+    ("30", "Orange"),
+    ("31", "Placer"),
+    ("33", "Riverside"),
+    ("34", "Sacramento"),
+    ("36", "San Bernardino"),
+    ("37", "San Diego"),
+    ("38", "San Francisco"),
+    ("39", "San Joaquin"),
+    ("41", "San Mateo"),
+    ("42", "Santa Barbara"),
+    ("43", "Santa Clara"),
+    ("44", "Santa Cruz"),
+    ("48", "Solano"),
+    ("49", "Sonoma"),
+    ("50", "Stanislaus"),
+    ("54", "Tulare"),
+    ("56", "Ventura"),
+]
+TOWNS = [
+    "Oakview",
+    "Riverbend",
+    "Cedar Grove",
+    "Mission Hills",
+    "Sierra Vista",
+    "Palm Valley",
+    "Harbor City",
+    "Granite Bay",
+    "Willow Creek",
+    "Sunnyside",
+    "Lakeport",
+    "Redwood Flats",
+    "Mesa Verde",
+    "Golden Hills",
+    "Fairmont",
+    "Valley Springs",
+    "Pacific Grove",
+    "El Camino",
+    "Santa Rita",
+    "Los Robles",
+    "Buena Park",
+    "Twin Oaks",
+    "Clearwater",
+    "Pine Ridge",
+]
+DTYPES = (
+    ["Unified School District"] * 5
+    + ["Elementary School District"] * 3
+    + ["High School District"] * 2
+)
+PEOPLE_F = [
+    "Maria",
+    "Jose",
+    "Linda",
+    "David",
+    "Susan",
+    "Michael",
+    "Karen",
+    "Carlos",
+    "Jennifer",
+    "Robert",
+    "Ana",
+    "Kevin",
+    "Laura",
+    "Daniel",
+    "Patricia",
+    "Thomas",
+    "Grace",
+    "Victor",
+]
+PEOPLE_L = [
+    "Garcia",
+    "Nguyen",
+    "Smith",
+    "Lopez",
+    "Johnson",
+    "Martinez",
+    "Kim",
+    "Brown",
+    "Hernandez",
+    "Wilson",
+    "Chen",
+    "Davis",
+    "Ramirez",
+    "Patel",
+    "Anderson",
+    "Flores",
+    "Okafor",
+    "Silva",
+]
+PATRONS = [
+    "Lincoln",
+    "Washington",
+    "Jefferson",
+    "Roosevelt",
+    "Cesar Chavez",
+    "Kennedy",
+    "Madison",
+    "Franklin",
+    "Sequoia",
+    "Oak Grove",
+    "Vista Del Mar",
+    "Hillside",
+    "Parkview",
+    "Sunrise",
+    "Mountain View",
+    "Valley Oak",
+    "Harriet Tubman",
+    "Rosa Parks",
+    "John Muir",
+    "Sycamore",
+    "Del Norte",
+    "Bayside",
+    "Meadowbrook",
+    "Eastside",
+    "Westwood",
+    "Northgate",
+    "Monte Vista",
+]
 KINDS = [
     # (SOCType, name suffix, low, high, weight)
     ("Elementary Schools (Public)", "Elementary", "K", "5", 50),
@@ -156,7 +263,11 @@ KINDS = [
     ("Elementary-High Combination", "Charter School", "K", "12", 4),
     ("Preschool", "Preschool", "P", "K", 4),
 ]
-EDOPS = ["Traditional"] * 12 + ["Alternative School of Choice", "Community Day School", "Special Education School"]
+EDOPS = ["Traditional"] * 12 + [
+    "Alternative School of Choice",
+    "Community Day School",
+    "Special Education School",
+]
 
 
 def _districts(rng):
@@ -173,9 +284,16 @@ def _districts(rng):
             name = f"{TOWNS[(code * 7 + k + shift) % len(TOWNS)]} {dtype}"
             used.add(name)
             if k == 0 and rng.random() < 0.4:
-                name, dtype = f"{county} County Office of Education", "County Office of Education (COE)"
+                name, dtype = (
+                    f"{county} County Office of Education",
+                    "County Office of Education (COE)",
+                )
             sup = None if rng.random() < 0.1 else f"{rng.choice(PEOPLE_F)} {rng.choice(PEOPLE_L)}"
-            phone = None if rng.random() < 0.12 else f"({rng.randint(209, 951)}) {rng.randint(200, 999)}-{rng.randint(0, 9999):04d}"
+            phone = (
+                None
+                if rng.random() < 0.12
+                else f"({rng.randint(209, 951)}) {rng.randint(200, 999)}-{rng.randint(0, 9999):04d}"
+            )
             budget = None if rng.random() < 0.08 else round(rng.uniform(4e6, 9e8), 2)
             est = date(1890, 1, 1) + timedelta(days=rng.randrange(40000))
             yield dcode, name, county, dtype, sup, phone, budget, est.isoformat()
@@ -190,7 +308,11 @@ def _schools(rng, districts, kinds_out):
             kind = rng.choices(KINDS, weights)[0]
             if dtype == "High School District" and kind[1] in ("Elementary", "Preschool"):
                 kind = KINDS[2]
-            elif dtype == "Elementary School District" and kind[1] in ("High", "Continuation High", "Academy"):
+            elif dtype == "Elementary School District" and kind[1] in (
+                "High",
+                "Continuation High",
+                "Academy",
+            ):
                 kind = KINDS[1]
             cds = f"{dcode}{6000000 + serial * 17:07d}"
             name = f"{rng.choice(PATRONS)} {kind[1]}"
@@ -212,26 +334,70 @@ def _schools(rng, districts, kinds_out):
             lat = None if rng.random() < 0.05 else round(rng.uniform(32.6, 41.9), 6)
             lon = None if lat is None else round(rng.uniform(-124.2, -114.3), 6)
             first, last = rng.choice(PEOPLE_F), rng.choice(PEOPLE_L)
-            email = None if rng.random() < 0.2 else f"{first[0].lower()}{last.lower()}@{dname.split()[0].lower()}.k12.ca.us"
-            web = None if rng.random() < 0.35 else f"http://www.{name.strip().split()[0].lower()}{serial}.org"
-            phone = None if rng.random() < 0.25 else f"({rng.randint(209, 951)}) {rng.randint(200, 999)}-{rng.randint(0, 9999):04d}"
+            email = (
+                None
+                if rng.random() < 0.2
+                else f"{first[0].lower()}{last.lower()}@{dname.split()[0].lower()}.k12.ca.us"
+            )
+            web = (
+                None
+                if rng.random() < 0.35
+                else f"http://www.{name.strip().split()[0].lower()}{serial}.org"
+            )
+            phone = (
+                None
+                if rng.random() < 0.25
+                else f"({rng.randint(209, 951)}) {rng.randint(200, 999)}-{rng.randint(0, 9999):04d}"
+            )
             updated = date(2014, 6, 1) + timedelta(days=rng.randrange(700))
             kinds_out.append((cds, kind, status, charter, name, dname, county))
-            yield (cds, dcode, f"{rng.randint(0, 99999):05d}" if rng.random() > 0.1 else None, status,
-                   county, dname, name, f"{rng.randint(10, 9999)} {rng.choice(['Elm', 'Oak', 'School', 'Main', 'Mission'])} St",
-                   town, f"9{rng.randint(1000, 6199):04d}", "CA", phone, web, opened.isoformat(), closed,
-                   charter, charter_num, funding, kind[0], EDOPS[rng.randrange(len(EDOPS))] if kind[1] != "Continuation High" else "Continuation School",
-                   f"{kind[2]}-{kind[3]}", rng.choices(["N", "P", "F", None], [85, 6, 4, 5])[0],
-                   None if rng.random() < 0.3 else (1 if rng.random() < 0.08 else 0),
-                   lat, lon, first, last, email, updated.isoformat())
+            yield (
+                cds,
+                dcode,
+                f"{rng.randint(0, 99999):05d}" if rng.random() > 0.1 else None,
+                status,
+                county,
+                dname,
+                name,
+                f"{rng.randint(10, 9999)} {rng.choice(['Elm', 'Oak', 'School', 'Main', 'Mission'])} St",
+                town,
+                f"9{rng.randint(1000, 6199):04d}",
+                "CA",
+                phone,
+                web,
+                opened.isoformat(),
+                closed,
+                charter,
+                charter_num,
+                funding,
+                kind[0],
+                EDOPS[rng.randrange(len(EDOPS))]
+                if kind[1] != "Continuation High"
+                else "Continuation School",
+                f"{kind[2]}-{kind[3]}",
+                rng.choices(["N", "P", "F", None], [85, 6, 4, 5])[0],
+                None if rng.random() < 0.3 else (1 if rng.random() < 0.08 else 0),
+                lat,
+                lon,
+                first,
+                last,
+                email,
+                updated.isoformat(),
+            )
 
 
 def _frpm(rng, kinds):
     for cds, kind, status, charter, name, dname, county in kinds:
         if status == "Pending" or kind[1] == "Preschool":
             continue
-        base = {"Elementary": 480, "Middle": 750, "High": 1500, "Academy": 600,
-                "Continuation High": 120, "Charter School": 350}[kind[1]]
+        base = {
+            "Elementary": 480,
+            "Middle": 750,
+            "High": 1500,
+            "Academy": 600,
+            "Continuation High": 120,
+            "Charter School": 350,
+        }[kind[1]]
         enroll = max(8, int(rng.gauss(base, base * 0.35)))
         rate = min(0.98, max(0.02, rng.betavariate(2.2, 2.0)))
         years = YEARS if status == "Active" else YEARS[:1] if rng.random() < 0.7 else []
@@ -241,22 +407,43 @@ def _frpm(rng, kinds):
             frpm_count = float(min(e, int(free * rng.uniform(1.05, 1.25))))
             e517 = float(int(e * rng.uniform(0.9, 0.99)))
             free517 = float(min(e517, int(free * rng.uniform(0.9, 0.99))))
-            nslp = rng.choices([None, "Provision 2", "CEP", "Breakfast Provision 2"], [80, 8, 10, 2])[0]
+            nslp = rng.choices(
+                [None, "Provision 2", "CEP", "Breakfast Provision 2"], [80, 8, 10, 2]
+            )[0]
             if rng.random() < 0.02:
                 free = None  # suppressed for privacy
-            yield (cds, year, county, dname, name.strip(), kind[0], "Traditional", nslp,
-                   charter, kind[2], kind[3], e, free,
-                   None if free is None else free / e, frpm_count, frpm_count / e,
-                   e517, free517, free517 / e517 if e517 else None)
+            yield (
+                cds,
+                year,
+                county,
+                dname,
+                name.strip(),
+                kind[0],
+                "Traditional",
+                nslp,
+                charter,
+                kind[2],
+                kind[3],
+                e,
+                free,
+                None if free is None else free / e,
+                frpm_count,
+                frpm_count / e,
+                e517,
+                free517,
+                free517 / e517 if e517 else None,
+            )
 
 
 def _sat(rng, kinds):
-    for cds, kind, status, charter, name, dname, county in kinds:
+    for cds, kind, status, _charter, name, dname, county in kinds:
         if kind[1] not in ("High", "Continuation High", "Academy") or status == "Pending":
             continue
         if rng.random() < 0.1:
             continue
-        enroll12 = max(3, int(rng.gauss(380 if kind[1] == "High" else 60, 120 if kind[1] == "High" else 30)))
+        enroll12 = max(
+            3, int(rng.gauss(380 if kind[1] == "High" else 60, 120 if kind[1] == "High" else 30))
+        )
         takers = int(enroll12 * rng.uniform(0.05, 0.75))
         if takers < 12:
             # too few test takers: scores suppressed
@@ -278,14 +465,19 @@ def build(conn: sqlite3.Connection) -> None:
     districts = list(_districts(rng))
     conn.executemany("INSERT INTO districts VALUES (?, ?, ?, ?, ?, ?, ?, ?)", districts)
     kinds: list[tuple] = []
-    conn.executemany(f"INSERT INTO schools VALUES ({', '.join('?' * 29)})", _schools(rng, districts, kinds))
+    conn.executemany(
+        f"INSERT INTO schools VALUES ({', '.join('?' * 29)})", _schools(rng, districts, kinds)
+    )
     conn.executemany(f"INSERT INTO frpm VALUES ({', '.join('?' * 19)})", _frpm(rng, kinds))
     conn.executemany(f"INSERT INTO satscores VALUES ({', '.join('?' * 11)})", _sat(rng, kinds))
     log = []
-    for cds, kind, status, *_ in kinds:
+    for cds, _kind, status, *_ in kinds:
         if status in ("Closed", "Merged") and len(log) < 120:
             log.append((cds, "Active", status, f"20{13 + len(log) % 3}-0{1 + len(log) % 9}-15"))
-    conn.executemany("INSERT INTO school_status_log (CDSCode, old_status, new_status, changed_on) VALUES (?, ?, ?, ?)", log)
+    conn.executemany(
+        "INSERT INTO school_status_log (CDSCode, old_status, new_status, changed_on) VALUES (?, ?, ?, ?)",
+        log,
+    )
     for stmt in INDEXES + VIEWS_AND_TRIGGERS:
         conn.execute(stmt)
     conn.execute("ANALYZE")
