@@ -27,9 +27,7 @@ PREDICTIONS = [
 
 # Known disagreements with the official evaluator, by case id: they stay visible as strict xfails
 # (an XPASS fails the run, so remove the entry once the judge agrees).
-KNOWN_DISAGREEMENTS = {
-    "01-111-success": "guard denies SQLITE_ATTACH, and plain VACUUM is authorized as an ATTACH of ''",
-}
+KNOWN_DISAGREEMENTS: dict[str, str] = {}
 
 
 def _case_id(index: int, row: dict) -> str:

@@ -2,9 +2,9 @@
 
 SQLite calls the authorizer for every action while it prepares a statement, so a denial is an
 ordinary ``sqlite3.DatabaseError`` ("not authorized") and nothing has run. The policy keeps a
-session inside its own state: no other files (ATTACH, ``VACUUM INTO``, which SQLite authorizes as an
-ATTACH), no extensions, and no pragmas that point SQLite at directories or other files. Everything
-a BIRD-CRITIC task may legitimately do, including ``PRAGMA foreign_keys``/``journal_mode``, DDL,
+session inside its own state: no other files (ATTACH of any path or URI, ``VACUUM INTO``, which
+SQLite authorizes as an ATTACH; plain VACUUM and ``:memory:`` stay allowed), no extensions, and no
+pragmas that point SQLite at directories or other files. Everything a BIRD-CRITIC task may legitimately do, including ``PRAGMA foreign_keys``/``journal_mode``, DDL,
 triggers and transactions, stays allowed: a session's files are private, so changing them is safe.
 """
 
@@ -34,7 +34,9 @@ def authorizer(
 ) -> int:
     """``sqlite3.Connection.set_authorizer`` callback enforcing the session policy."""
     if action == _ATTACH:
-        return _DENY
+        # A plain VACUUM is authorized as an ATTACH of '' (its internal temporary database), and
+        # ':memory:' names no file: both stay inside the session. Every path or URI is denied.
+        return _OK if arg1 in ("", ":memory:") else _DENY
     if action == _FUNCTION and arg2 is not None and arg2.lower() in DENIED_FUNCTIONS:
         return _DENY
     if action == _PRAGMA and arg1 is not None and arg1.lower() in DENIED_PRAGMAS:
