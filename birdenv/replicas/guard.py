@@ -4,8 +4,9 @@ SQLite calls the authorizer for every action while it prepares a statement, so a
 ordinary ``sqlite3.DatabaseError`` ("not authorized") and nothing has run. The policy keeps a
 session inside its own state: no other files (ATTACH of any path or URI, ``VACUUM INTO``, which
 SQLite authorizes as an ATTACH; plain VACUUM and ``:memory:`` stay allowed), no extensions, and no
-pragmas that point SQLite at directories or other files. Everything a BIRD-CRITIC task may legitimately do, including ``PRAGMA foreign_keys``/``journal_mode``, DDL,
-triggers and transactions, stays allowed: a session's files are private, so changing them is safe.
+pragmas that point SQLite at directories or other files. Everything a BIRD-CRITIC task may
+legitimately do, including ``PRAGMA foreign_keys``/``journal_mode``, DDL, triggers and
+transactions, stays allowed: a session's files are private, so changing them is safe.
 """
 
 from __future__ import annotations
