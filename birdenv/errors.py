@@ -38,9 +38,5 @@ class PoolTimeoutError(BirdEnvError, TimeoutError):
     """No session could be leased before the timeout."""
 
 
-class BaseCorruptedError(BirdEnvError):
-    """A base database no longer matches its content hash and will not be served."""
-
-
 class SessionClosedError(BirdEnvError):
     """A session was used after it was closed or reset."""

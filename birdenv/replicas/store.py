@@ -2,10 +2,10 @@
 
 A task's template (``{db_dir}/{db_id}/{db_id}_template.sqlite``) is materialised once into
 ``{root}/bases/{sha256}.sqlite`` with SQLite's backup API (a consistent snapshot even of a template
-in WAL mode), made read-only, and hashed. Sessions only ever read a base. Before a base is served
-for the first time in a process its bytes are hashed again; afterwards its size and mtime are
-checked on every lease. A base whose hash no longer matches is moved aside and rebuilt from its
-template, never served.
+in WAL mode), made read-only, and hashed; its size and mtime are recorded with the hash. Sessions
+only ever read a base. Every lease checks the base's size and mtime against the record (a write
+changes them), and :meth:`BaseStore.verify` re-hashes its bytes. A base that no longer matches is
+moved aside and rebuilt from its template, never served.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from birdenv.errors import BaseCorruptedError, DatabaseNotFoundError
+from birdenv.errors import DatabaseNotFoundError
 from birdenv.suites import file_sha256
 
 __all__ = ["Base", "BaseStore"]
@@ -47,7 +47,6 @@ class BaseStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._by_source: dict[tuple, Base] = {}
-        self._verified: set[str] = set()
 
     def base_for(self, template: str | Path) -> Base:
         """The base of a template, materialised on first use and verified before it is served."""
@@ -81,12 +80,15 @@ class BaseStore:
             index = json.loads(self._index_path().read_text())
         except (FileNotFoundError, ValueError):
             return None
-        sha = index.get("|".join(map(str, key)))
-        path = self.dir / f"{sha}.sqlite"
-        if not sha or not path.is_file():
+        entry = index.get("|".join(map(str, key)))
+        if not isinstance(entry, dict):
             return None
-        st = path.stat()
-        return Base(sha, path, st.st_size, st.st_mtime_ns)
+        return Base(
+            entry["sha256"],
+            self.dir / f"{entry['sha256']}.sqlite",
+            entry["size"],
+            entry["mtime_ns"],
+        )
 
     def _intact(self, base: Base) -> bool:
         try:
@@ -94,20 +96,14 @@ class BaseStore:
         except FileNotFoundError:
             return False
         if (st.st_size, st.st_mtime_ns) != (base.size, base.mtime_ns):
-            self._quarantine(base, "size or mtime changed")
+            self._quarantine(base, "size or mtime changed since it was hashed")
             return False
-        if base.sha256 not in self._verified:
-            if not self.verify(base):
-                self._quarantine(base, "content hash mismatch")
-                return False
-            self._verified.add(base.sha256)
         return True
 
     def _quarantine(self, base: Base, why: str) -> None:
         log.error(
             "base %s modified behind the store's back (%s): not served, rebuilding", base.path, why
         )
-        self._verified.discard(base.sha256)
         with contextlib.suppress(FileNotFoundError):
             os.replace(base.path, base.path.with_suffix(f".corrupt-{os.getpid()}"))
 
@@ -138,13 +134,14 @@ class BaseStore:
                 index = json.loads(index_path.read_text())
             except (FileNotFoundError, ValueError):
                 index = {}
-            index["|".join(map(str, key))] = sha
+            index["|".join(map(str, key))] = {
+                "sha256": sha,
+                "size": st.st_size,
+                "mtime_ns": st.st_mtime_ns,
+            }
             staging = index_path.with_suffix(f".{os.getpid()}.tmp")
             staging.write_text(json.dumps(index))
             os.replace(staging, index_path)
-        if not self.verify(base):  # pragma: no cover - a disk that lies
-            raise BaseCorruptedError(f"freshly materialised base {path} does not match its hash")
-        self._verified.add(sha)
         log.info("materialised base %s from %s", path.name, template)
         return base
 
