@@ -443,8 +443,15 @@ def query_mix(conn: sqlite3.Connection, keys: list[int]) -> None:
 
 
 def _dirty(execute: Callable[[str], Any], chunk: int) -> None:
-    """Rewrite ``chunk`` rows of order_items (no value changes, every page written)."""
-    execute(f"UPDATE order_items SET unit_price = unit_price WHERE order_item_id % 1000 < {chunk}")
+    """Change ``chunk`` in 1000 rows of order_items and of orders.
+
+    The values must really change: SQLite skips writing a cell whose bytes are identical, so
+    ``SET x = x`` would leave the overlay empty.
+    """
+    execute(
+        f"UPDATE order_items SET unit_price = unit_price + 0.01 WHERE order_item_id % 1000 < {chunk}"
+    )
+    execute(f"UPDATE orders SET shipping_fee = shipping_fee + 0.01 WHERE order_id % 1000 < {chunk}")
 
 
 @pytest.mark.parametrize("dirty_mb", [0, 50])
