@@ -14,10 +14,15 @@ the same root (``$BIRDENV_HOME/replicas``, or ``pool_options={"root": ...}``): t
 materialised once and shared read-only by all workers, each episode writes only its own files, and
 no worker is given a partition of anything (pools recognise each other's files by ``flock``).
 
-Gymnasium's own constructor works too (text spaces need ``shared_memory=False``)::
+Gymnasium's own constructor works too::
 
     gymnasium.make_vec("BirdCritic-SQLite-v0", num_envs=4, vectorization_mode="async",
                        vector_kwargs={"shared_memory": False})
+
+``shared_memory=False`` is required, and :func:`make_vec` sets it. With ``True`` (Gymnasium's
+default for ``vectorization_mode="async"``) Gymnasium 1.4 decodes the shared text buffer once, when
+the vector env is built, and hands back that stale snapshot (a 1 MiB string of NULs) as every
+observation afterwards, without an error.
 
 Autoreset: what a rollout loop must do
 --------------------------------------
@@ -79,7 +84,7 @@ def make_vec(
         num_envs: How many copies (trajectories in flight at once).
         suite: The bundled suite to draw tasks from; ignored when ``tasks=`` is given.
         asynchronous: One worker process per copy (:class:`~gymnasium.vector.AsyncVectorEnv`,
-            ``shared_memory=False`` because the spaces are text) or all in this process
+            ``shared_memory=False``: text cannot go through shared memory) or all in this process
             (:class:`~gymnasium.vector.SyncVectorEnv`).
         seed: Copy ``i`` draws its tasks from seed ``seed + i``, exactly as
             ``envs.reset(seed=seed)`` would; the batched spaces are seeded with ``seed``.
@@ -116,7 +121,8 @@ def make_vec(
         options = {"shared_memory": False, **(vector_kwargs or {})}
         if options["shared_memory"]:
             raise ValueError(
-                "shared_memory=True cannot hold text observations; leave it False (the default here)"
+                "shared_memory=True returns stale observations for text spaces in Gymnasium "
+                "(the shared buffer is decoded once, at construction); leave it False"
             )
         envs: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(fns, **options)
     else:
