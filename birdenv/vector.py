@@ -21,7 +21,7 @@ Gymnasium's own constructor works too::
 
 ``shared_memory=False`` is required, and :func:`make_vec` sets it. With ``True`` (Gymnasium's
 default for ``vectorization_mode="async"``) Gymnasium 1.4 decodes the shared text buffer once, when
-the vector env is built, and hands back that stale snapshot (a 1 MiB string of NULs) as every
+the vector env is built, and hands back that stale snapshot (1,048,576 NULs) as every
 observation afterwards, without an error.
 
 Autoreset: what a rollout loop must do
@@ -38,9 +38,9 @@ Gymnasium 1.x vector environments reset a finished copy on the **next** call to 
 So keep a boolean array ``autoreset = terminated | truncated``; in the next step send any text for
 those copies (it is discarded), and treat their observation as a fresh prompt (start a new
 conversation), not as a tool response. Alternatives: ``vector_kwargs={"autoreset_mode":
-gymnasium.vector.AutoresetMode.SAME_STEP}`` (the new prompt arrives in the same step, the final
-observation in ``infos["final_obs"]``), or ``AutoresetMode.DISABLED`` and
-``envs.reset(options={"reset_mask": done})`` yourself.
+gymnasium.vector.AutoresetMode.SAME_STEP}`` (the new prompt arrives in the same step; the final
+observation and the verdict in ``infos["final_obs"]`` and ``infos["final_info"]``), or
+``AutoresetMode.DISABLED`` and ``envs.reset(options={"reset_mask": done})`` yourself.
 """
 
 from __future__ import annotations
