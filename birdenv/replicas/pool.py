@@ -61,6 +61,15 @@ def disk_usage(paths: list[Path]) -> int:
     return total
 
 
+def _tune(conn: sqlite3.Connection) -> None:
+    """Per-connection settings that keep a session's private disk at O(its changes).
+
+    Debian's build zero-fills freed pages (``secure_delete``), which would copy them into the
+    session; it changes no result.
+    """
+    conn.execute("PRAGMA secure_delete = OFF")
+
+
 class ReplicaPool:
     """Leases :class:`~birdenv.replicas.session.Session` objects on fresh, isolated database states.
 
@@ -191,8 +200,7 @@ class ReplicaPool:
 
             def connect() -> sqlite3.Connection:
                 conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
-                # Debian builds zero-fill freed pages; that would copy them into the overlay.
-                conn.execute("PRAGMA secure_delete = OFF")
+                _tune(conn)
                 return conn
 
             return connect
@@ -201,7 +209,7 @@ class ReplicaPool:
 
         def connect_copy() -> sqlite3.Connection:
             conn = sqlite3.connect(path, check_same_thread=False)
-            conn.execute("PRAGMA secure_delete = OFF")
+            _tune(conn)
             if limit is not None:
                 # Bound the private copy's growth to the base plus the session's allowance.
                 page = conn.execute("PRAGMA page_size").fetchone()[0]

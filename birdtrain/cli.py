@@ -1,0 +1,303 @@
+"""The ``birdtrain`` command: the four-stage curriculum, its pieces, evaluation.
+
+    birdtrain curriculum (--preset NAME | --config FILE.yaml) [key=value ...]
+    birdtrain synth | stage1 | stage2 | stage3 | stage4 (--preset NAME | --config FILE) [key=value ...]
+    birdtrain eval --policy MODEL|oracle|echo|scripted [--suite S | --tasks T --db-dir D] ...
+
+A run directory ``{output_dir}/{name}/`` holds ``config.json`` (the resolved configuration and the
+git commit), ``data/`` (synthesized examples), ``stage1/`` … ``stage4/`` (each with ``metrics.jsonl``,
+``checkpoint/`` and ``DONE`` once complete) and ``eval/``. Rerunning resumes: completed stages are
+skipped and the next one starts from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "run_curriculum"]
+
+STAGES = ("stage1", "stage2", "stage3", "stage4")
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _prepare_run(cfg: Any) -> Path:
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "config": cfg.to_dict(),
+        "git_commit": _git_commit(),
+        "python": sys.version.split()[0],
+    }
+    (run_dir / "config.json").write_text(json.dumps(record, indent=2))
+    return run_dir
+
+
+def _tasks(cfg: Any, which: str) -> list:
+    from birdenv import load_tasks
+
+    if which == "train":
+        tasks = load_tasks(cfg.data.train_suite, db_dir=cfg.data.db_dir)
+        return tasks[: cfg.data.max_train_tasks] if cfg.data.max_train_tasks else tasks
+    tasks = load_tasks(cfg.data.eval_suite, db_dir=cfg.data.eval_db_dir)
+    return tasks[: cfg.eval.max_tasks] if cfg.eval.max_tasks else tasks
+
+
+def _synth(cfg: Any, run_dir: Path) -> dict[str, Any]:
+    from birdtrain.data import synth
+
+    data_dir = run_dir / "data"
+    done = data_dir / "DONE"
+    if done.is_file():
+        return json.loads(done.read_text())
+    counts = synth(cfg, data_dir)
+    done.write_text(json.dumps(counts))
+    return counts
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _run_stage(cfg: Any, stage: str, model_path: str, run_dir: Path) -> str:
+    """Run one stage unless its DONE marker exists; return the checkpoint the next stage starts from."""
+    out_dir = run_dir / stage
+    done = out_dir / "DONE"
+    if done.is_file():
+        print(f"[{stage}] already complete: {out_dir / 'checkpoint'}")
+        return str(out_dir / "checkpoint")
+    if not getattr(cfg, stage).enabled:
+        print(f"[{stage}] disabled in the configuration; skipped")
+        return model_path
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    print(f"[{stage}] starting from {model_path}")
+    if stage in ("stage1", "stage2"):
+        from birdtrain.stages import sft
+
+        _synth(cfg, run_dir)
+        examples = _read_jsonl(run_dir / "data" / f"{stage}.jsonl")
+        checkpoint = sft.run(
+            cfg, model_path=model_path, out_dir=out_dir, examples=examples, stage=int(stage[-1])
+        )
+    elif stage == "stage3":
+        from birdtrain.stages import grpo
+
+        checkpoint = grpo.run(
+            cfg, model_path=model_path, out_dir=out_dir, tasks=_tasks(cfg, "train")
+        )
+    else:
+        from birdtrain.stages import agentic
+
+        checkpoint = agentic.run(
+            cfg, model_path=model_path, out_dir=out_dir, tasks=_tasks(cfg, "train")
+        )
+    elapsed = time.perf_counter() - started
+    done.write_text(json.dumps({"checkpoint": str(checkpoint), "seconds": round(elapsed, 1)}))
+    print(f"[{stage}] done in {elapsed:.1f} s: {checkpoint}")
+    return str(checkpoint)
+
+
+def _last_checkpoint(cfg: Any, run_dir: Path, before: str) -> str:
+    """The checkpoint a stage starts from: the latest completed earlier stage, else the base model."""
+    from birdtrain.models import resolve_model
+
+    for stage in reversed(STAGES[: STAGES.index(before)]):
+        if (run_dir / stage / "DONE").is_file():
+            return str(run_dir / stage / "checkpoint")
+    return resolve_model(cfg.model.name_or_path)
+
+
+def _evaluate(cfg: Any, model_path: str, run_dir: Path, label: str) -> dict[str, Any] | None:
+    if not cfg.eval.enabled:
+        return None
+    from birdtrain.evaluate import evaluate_policy
+
+    out_dir = run_dir / "eval" / label
+    summary_path = out_dir / "summary.json"
+    if summary_path.is_file():
+        return json.loads(summary_path.read_text())
+    summary = evaluate_policy(
+        model_path,
+        tasks=_tasks(cfg, "eval"),
+        out_dir=out_dir,
+        mode="agent",
+        max_turns=cfg.eval.max_turns,
+        max_new_tokens=cfg.eval.max_new_tokens,
+        temperature=cfg.eval.temperature,
+        label=label,
+    )
+    return summary
+
+
+def run_curriculum(cfg: Any) -> dict[str, Any]:
+    """Run (or resume) stages 1→4 with evaluation before and after; return the summaries."""
+    from birdtrain.models import resolve_model
+
+    run_dir = _prepare_run(cfg)
+    base = resolve_model(cfg.model.name_or_path)
+    results: dict[str, Any] = {"run_dir": str(run_dir)}
+    results["before"] = _evaluate(cfg, base, run_dir, "before")
+    model_path = _last_checkpoint(cfg, run_dir, "stage1")
+    for stage in STAGES:
+        model_path = _run_stage(cfg, stage, model_path, run_dir)
+        if stage == "stage2":
+            results["after_stage2"] = _evaluate(cfg, model_path, run_dir, "after_stage2")
+    results["after"] = _evaluate(cfg, model_path, run_dir, "after_stage4")
+    try:
+        from birdtrain.report import write_report
+
+        results["report"] = str(write_report(run_dir))
+    except ImportError:
+        pass
+    (run_dir / "summary.json").write_text(json.dumps(results, indent=2, default=str))
+    return results
+
+
+def _config_from(args: argparse.Namespace) -> Any:
+    from birdtrain.config import load_config
+
+    if not args.preset and not args.config:
+        raise SystemExit("birdtrain: give --preset NAME or --config FILE.yaml")
+    cfg = load_config(args.preset, args.config, args.overrides)
+    if args.output_dir:
+        cfg.output_dir = args.output_dir
+    return cfg
+
+
+def _cmd_curriculum(args: argparse.Namespace) -> int:
+    results = run_curriculum(_config_from(args))
+    for key in ("before", "after_stage2", "after"):
+        summary = results.get(key)
+        if summary:
+            print(f"{key:<14} SR {summary['success_rate']:.2f} % ({summary['n']} tasks)")
+    print(f"run directory: {results['run_dir']}")
+    return 0
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    cfg = _config_from(args)
+    counts = _synth(cfg, _prepare_run(cfg))
+    print(json.dumps(counts, indent=2))
+    return 0
+
+
+def _cmd_stage(args: argparse.Namespace) -> int:
+    cfg = _config_from(args)
+    run_dir = _prepare_run(cfg)
+    start = args.model or _last_checkpoint(cfg, run_dir, args.command)
+    print(_run_stage(cfg, args.command, start, run_dir))
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from birdenv import load_tasks
+    from birdtrain.evaluate import evaluate_policy
+
+    tasks = load_tasks(args.tasks, db_dir=args.db_dir) if args.tasks else load_tasks(args.suite)
+    if args.limit:
+        tasks = tasks[: args.limit]
+    policy = args.policy
+    if args.endpoint:
+        policy = f"endpoint:{args.endpoint_model}@{args.endpoint}"
+    summary = evaluate_policy(
+        policy,
+        tasks=tasks,
+        out_dir=Path(args.out),
+        mode=args.mode,
+        n=args.n,
+        temperature=args.temperature,
+        max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens,
+        num_envs=args.num_envs,
+        label=args.label or Path(str(args.policy)).name,
+    )
+    print(summary["table"])
+    return 0
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", help="smoke, smollm or paper-7b")
+    parser.add_argument("--config", help="YAML file; its keys override the preset's")
+    parser.add_argument("--output-dir", help="parent folder of run directories (default: runs)")
+    parser.add_argument(
+        "overrides", nargs="*", help="key=value overrides, e.g. stage3.learning_rate=1e-6"
+    )
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="birdtrain", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    curriculum = commands.add_parser(
+        "curriculum", help="run (or resume) stages 1-4 with evaluation"
+    )
+    _add_config_args(curriculum)
+    curriculum.set_defaults(func=_cmd_curriculum)
+    synth = commands.add_parser("synth", help="synthesize the stage-1 and stage-2 data only")
+    _add_config_args(synth)
+    synth.set_defaults(func=_cmd_synth)
+    for stage in STAGES:
+        sub = commands.add_parser(stage, help=f"run {stage} only (resumes from the run directory)")
+        _add_config_args(sub)
+        sub.add_argument("--model", help="start from this checkpoint instead of the run's latest")
+        sub.set_defaults(func=_cmd_stage)
+
+    ev = commands.add_parser("eval", help="evaluate a policy on BIRD-CRITIC-style tasks")
+    ev.add_argument(
+        "--policy",
+        default="scripted",
+        help="model path or name (tiny, smollm), or oracle/echo/scripted",
+    )
+    ev.add_argument(
+        "--endpoint", help="an OpenAI-compatible endpoint to evaluate instead of a local model"
+    )
+    ev.add_argument("--endpoint-model", help="model name at --endpoint")
+    ev.add_argument("--suite", default="critic-mini")
+    ev.add_argument("--tasks", help="official task JSONL")
+    ev.add_argument("--db-dir", help="folder holding {db_id}/{db_id}_template.sqlite")
+    ev.add_argument("--limit", type=int, default=0, help="only the first N tasks")
+    ev.add_argument("--mode", choices=("agent", "single"), default="agent")
+    ev.add_argument("--n", type=int, default=1, help="samples per task (pass@k)")
+    ev.add_argument("--temperature", type=float, default=0.0)
+    ev.add_argument("--max-turns", type=int, default=5)
+    ev.add_argument("--max-new-tokens", type=int, default=512)
+    ev.add_argument("--num-envs", type=int, default=8, help="parallel environments")
+    ev.add_argument("--out", default="runs/eval", help="output folder")
+    ev.add_argument("--label", help="name of this policy in reports")
+    ev.set_defaults(func=_cmd_eval)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``birdtrain`` command."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    args = _build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as exc:
+        print(f"birdtrain: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
