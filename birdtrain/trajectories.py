@@ -1,0 +1,195 @@
+"""The trajectory store: every stage-4 rollout and every evaluation episode, queryable with DuckDB.
+
+Rollouts are appended as Parquet files under ``{run_dir}/trajectories/``, one row per turn, so
+DuckDB reads the whole store with one ``read_parquet`` and a user can query it with SQL::
+
+    import duckdb
+    duckdb.sql("SELECT tool, count(*) FROM read_parquet('runs/smoke/trajectories/*.parquet') GROUP BY 1")
+
+Columns: ``run``, ``stage``, ``step``, ``episode`` (one id per trajectory), ``task_id``,
+``category``, ``turn``, ``action`` (the model's text), ``tool``, ``sql``, ``observation``,
+``error`` (the tool call's or the statement's), ``verdict`` (``success``/``failed`` on the last
+turn), ``reward``, ``tokens`` (generated in the turn), ``gen_seconds``, ``env_seconds``, ``created``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from birdenv.tools import ToolCallError, parse_tool_call
+
+__all__ = ["COLUMNS", "TrajectoryStore", "episode_rows"]
+
+#: Column names and DuckDB types of the store.
+COLUMNS: dict[str, str] = {
+    "run": "VARCHAR",
+    "stage": "VARCHAR",
+    "step": "INTEGER",
+    "episode": "VARCHAR",
+    "task_id": "VARCHAR",
+    "category": "VARCHAR",
+    "turn": "INTEGER",
+    "action": "VARCHAR",
+    "tool": "VARCHAR",
+    "sql": "VARCHAR",
+    "observation": "VARCHAR",
+    "error": "VARCHAR",
+    "verdict": "VARCHAR",
+    "reward": "DOUBLE",
+    "tokens": "INTEGER",
+    "gen_seconds": "DOUBLE",
+    "env_seconds": "DOUBLE",
+    "created": "DOUBLE",
+}
+
+
+def _at(values: list | None, index: int) -> Any:
+    return values[index] if values is not None and index < len(values) else None
+
+
+def episode_rows(
+    messages: list[dict[str, Any]],
+    *,
+    task_id: str,
+    category: str,
+    reward: float | None,
+    verdict: str | None,
+    run: str = "",
+    stage: str = "eval",
+    step: int = 0,
+    tokens: list[int] | None = None,
+    gen_seconds: list[float] | None = None,
+    env_seconds: list[float] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per assistant turn of an environment conversation (``info["messages"]``)."""
+    episode = uuid.uuid4().hex[:12]
+    rows = []
+    turn = 0
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        observation = messages[i + 1]["content"] if i + 1 < len(messages) else None
+        tool = sql = error = None
+        try:
+            call = parse_tool_call(message["content"])
+            tool = call.name
+            args = call.arguments
+            sql = args.get("sql") if "sql" in args else json.dumps(args.get("sql_list"))
+        except ToolCallError as exc:
+            error = str(exc)
+        if error is None and observation and observation.startswith("status: error"):
+            error = observation.split("error: ", 1)[-1]
+        rows.append(
+            {
+                "run": run,
+                "stage": stage,
+                "step": step,
+                "episode": episode,
+                "task_id": task_id,
+                "category": category,
+                "turn": turn,
+                "action": message["content"],
+                "tool": tool,
+                "sql": sql,
+                "observation": observation,
+                "error": error,
+                "verdict": None,
+                "reward": None,
+                "tokens": (tokens or [None] * (turn + 1))[turn]
+                if tokens and turn < len(tokens)
+                else None,
+                "gen_seconds": gen_seconds[turn]
+                if gen_seconds and turn < len(gen_seconds)
+                else None,
+                "env_seconds": env_seconds[turn]
+                if env_seconds and turn < len(env_seconds)
+                else None,
+                "created": time.time(),
+            }
+        )
+        turn += 1
+    if rows:
+        rows[-1]["verdict"] = verdict
+        rows[-1]["reward"] = reward
+    return rows
+
+
+class TrajectoryStore:
+    """Parquet files under ``{run_dir}/trajectories`` that DuckDB reads as one table."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.dir = Path(run_dir) / "trajectories"
+
+    @property
+    def glob(self) -> str:
+        """The ``read_parquet`` pattern of the whole store."""
+        return str(self.dir / "*.parquet")
+
+    def append(self, rows: Iterable[dict[str, Any]]) -> Path | None:
+        """Write ``rows`` as one new Parquet file (atomically); None when there are none."""
+        import duckdb
+
+        rows = [[row.get(name) for name in COLUMNS] for row in rows]
+        if not rows:
+            return None
+        self.dir.mkdir(parents=True, exist_ok=True)
+        target = self.dir / f"part-{time.time_ns()}-{uuid.uuid4().hex[:6]}.parquet"
+        staging = target.with_suffix(".tmp")
+        conn = duckdb.connect()
+        try:
+            columns = ", ".join(f'"{name}" {kind}' for name, kind in COLUMNS.items())
+            conn.execute(f"CREATE TABLE t ({columns})")
+            conn.executemany(f"INSERT INTO t VALUES ({', '.join('?' * len(COLUMNS))})", rows)
+            conn.execute(f"COPY t TO '{staging}' (FORMAT parquet)")
+        finally:
+            conn.close()
+        staging.rename(target)
+        return target
+
+    def query(self, sql: str, params: list[Any] | None = None) -> list[tuple]:
+        """Run SQL where the table ``trajectories`` is the whole store."""
+        import duckdb
+
+        conn = duckdb.connect()
+        try:
+            if not any(self.dir.glob("*.parquet")):
+                columns = ", ".join(f'"{n}" {k}' for n, k in COLUMNS.items())
+                conn.execute(f"CREATE TABLE trajectories ({columns})")
+            else:
+                conn.execute(
+                    f"CREATE VIEW trajectories AS SELECT * FROM read_parquet('{self.glob}')"
+                )
+            return conn.execute(sql, params or []).fetchall()
+        finally:
+            conn.close()
+
+    def show(self, task_id: str, *, limit: int = 3) -> str:
+        """The most recent trajectories of a task, readably."""
+        episodes = self.query(
+            "SELECT episode, any_value(stage), any_value(step), max(created) AS t FROM trajectories "
+            "WHERE task_id = ? GROUP BY episode ORDER BY t DESC LIMIT ?",
+            [task_id, limit],
+        )
+        if not episodes:
+            return f"no trajectories of task {task_id!r} in {self.dir}"
+        parts = []
+        for episode, stage, step, _ in episodes:
+            turns = self.query(
+                "SELECT turn, action, observation, verdict, reward FROM trajectories "
+                "WHERE episode = ? ORDER BY turn",
+                [episode],
+            )
+            lines = [f"== {task_id}  episode {episode}  ({stage}, step {step})"]
+            for turn, action, observation, verdict, reward in turns:
+                lines.append(f"-- turn {turn} [assistant]\n{action}")
+                if observation is not None:
+                    lines.append(f"-- turn {turn} [tool]\n{observation}")
+                if verdict is not None:
+                    lines.append(f"== verdict: {verdict}, reward {reward}")
+            parts.append("\n".join(lines))
+        return "\n\n".join(parts)
