@@ -282,6 +282,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- birdenv play ------------------------------------------------------------------------------
+def _cmd_play(args: argparse.Namespace) -> int:
+    from birdenv.play import play
+
+    if args.tasks:
+        return play(args.task_id, tasks=args.tasks, db_dir=args.db_dir)
+    return play(args.task_id, suite=args.suite)
+
+
 # -- birdenv doctor ----------------------------------------------------------------------------
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from birdenv.replicas import overlay
@@ -334,6 +343,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="seconds per statement (default: none, like the official evaluator)",
     )
     evaluate.set_defaults(func=_cmd_evaluate)
+
+    play = commands.add_parser("play", help="be the agent yourself on a task, in the terminal")
+    play.add_argument("task_id", nargs="?", help="task to play (default: one at random)")
+    _add_task_source(play)
+    play.set_defaults(func=_cmd_play)
 
     demo = commands.add_parser(
         "demo", help="build data, run reference agents in the env, evaluate them"
