@@ -28,6 +28,7 @@ def _register() -> None:
         register(
             id="BirdCritic-SQLite-v0",
             entry_point="birdenv.envs.critic:BirdCriticEnv",
+            vector_entry_point="birdenv.vector:make_vec",
             max_episode_steps=5,
         )
 

@@ -18,6 +18,7 @@ files of dead processes (their lock is free) and sweeps them.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import itertools
@@ -119,8 +120,10 @@ class ReplicaPool:
         self._closed = False
         self._pid = os.getpid()
         self._prefix = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        # Lock first, then publish under the final name, so a sweeper never sees it unlocked.
-        staging = self._sessions_dir / f".{self._prefix}.lock"
+        # Lock first, then publish under the final name, so a sweeper never sees it unlocked. The
+        # staging name must not match the sweeper's "*.lock": between open() and flock() another
+        # pool could take the free lock, call it an orphan and delete it.
+        staging = self._sessions_dir / f".{self._prefix}.lock-staging"
         self._lockfile = open(staging, "w")  # noqa: SIM115 - held for the pool's lifetime
         fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._lock_path = self._sessions_dir / f"{self._prefix}.lock"
@@ -311,4 +314,5 @@ def default_pool() -> ReplicaPool:
         pool = _pools.get(os.getpid())
         if pool is None or pool._closed:
             pool = _pools[os.getpid()] = ReplicaPool()
+            atexit.register(pool.close)
         return pool

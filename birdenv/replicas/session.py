@@ -8,6 +8,7 @@ strategy's own cap on the session's private disk.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sqlite3
 import sys
@@ -218,7 +219,10 @@ class Session:
             # Every statement runs in WAL mode (as the official evaluator sets it). Checkpointing
             # into the session file and truncating the WAL after a write keeps each changed page
             # on disk once, not twice; it changes no result.
-            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            # main. only: an unqualified checkpoint also visits the TEMP database and fails with
+            # "database table is locked" after CREATE TEMP TABLE ... AS SELECT.
+            with contextlib.suppress(sqlite3.Error):  # an optimisation: never the statement's error
+                self.conn.execute("PRAGMA main.wal_checkpoint(TRUNCATE)")
         return Result(columns, rows, len(rows), truncated, None, elapsed)
 
     def close(self) -> None:
