@@ -1,0 +1,275 @@
+"""Stage-2 data: tool-use trajectories recorded by running a policy in the real environment.
+
+Every trajectory is ``{"messages": info["messages"], "tools": TOOL_SCHEMAS, "task_id": ...}`` of
+a finished :class:`~birdenv.envs.critic.BirdCriticEnv` episode: the user prompt of
+``render_prompt``, the policy's raw turns (one ``<tool_call>`` each) and the observations of the
+one formatter, byte for byte what stage 4 and evaluation see. Only episodes whose submission the
+judge accepted are kept.
+
+The policy is a teacher (any OpenAI-compatible endpoint; it receives a short system message with
+a reference fix, then the environment's messages and the tool schemas, and returns the next turn)
+or, offline, :class:`OfflineExpert`: it runs the problematic SQL, looks at a few rows of the tables
+it touches, tries the fix with ``execute_sql`` and submits, writing before each call a short
+reasoning drawn from what it has observed and from the evidence of
+:mod:`birdtrain.data.evidence`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import gymnasium as gym
+
+import birdenv  # noqa: F401 - registers BirdCritic-SQLite-v0
+from birdenv.errors import PreprocessError
+from birdenv.replicas.pool import ReplicaPool, default_pool
+from birdenv.tasks import Task
+from birdenv.tools import TOOL_SCHEMAS, format_tool_call
+from birdtrain.data.evidence import Evidence, gather_evidence, summarize_run
+from birdtrain.data.teacher import Teacher
+
+__all__ = [
+    "TEACHER_AGENT_PROMPT",
+    "OfflineExpert",
+    "build_tool_trajectories",
+    "summarize_observation",
+]
+
+#: The system message put before the environment's messages when a teacher plays the episode.
+TEACHER_AGENT_PROMPT = (
+    "You are an expert SQL debugger acting in a live database through tools. A fix known to be "
+    "correct is given below for you only: reach it the way an expert would, by exploring with "
+    "execute_sql (reproduce the problem, look at the data, try the fix) and then calling "
+    "submit_solution, and never say or hint that you were given it. Each turn, write a short "
+    "reasoning, then exactly one tool call.\n\nCorrect fix:\n{fix}"
+)
+
+_CREATE = re.compile(
+    r"^\s*CREATE\s+(?:TEMP\s+|TEMPORARY\s+)?(?:UNIQUE\s+)?(TABLE|VIEW|TRIGGER|INDEX)\s+"
+    r"(?:IF\s+NOT\s+EXISTS\s+)?((?:\"[^\"]+\"|`[^`]+`|\[[^\]]+\]|[\w.]+))",
+    re.IGNORECASE,
+)
+
+
+def summarize_observation(observation: str) -> str:
+    """What an ``execute_sql`` observation says, in one clause.
+
+    >>> summarize_observation("status: error\\nerror: no such column: x")
+    'it fails with `no such column: x`'
+    >>> summarize_observation("status: ok\\nrows: 2\\n| a | b |\\n| 1 | 2 |\\n| 3 | 4 |")
+    'it returns 2 rows (columns a, b)'
+    """
+    lines = observation.splitlines()
+    if lines and lines[0] == "status: error":
+        error = lines[1].removeprefix("error: ") if len(lines) > 1 else "an error"
+        return f"it fails with `{error}`"
+    rows = next((ln for ln in lines if ln.startswith("rows: ")), None)
+    if rows is None:
+        return "it runs without an error"
+    count = rows.removeprefix("rows: ").split(" ")[0]
+    header = next((ln for ln in lines if ln.startswith("| ")), "")
+    columns = [c.strip() for c in header.strip("|").split(" | ")] if header else []
+    noun = "row" if count == "1" else "rows"
+    return f"it returns {count} {noun}" + (f" (columns {', '.join(columns)})" if columns else "")
+
+
+def _table_of(inspection: str) -> str:
+    """The table name of an inspection query ``SELECT * FROM "name" LIMIT 5``."""
+    return inspection.split("FROM ", 1)[1].rsplit(" LIMIT", 1)[0].strip('"').replace('""', '"')
+
+
+def _created(sql: str) -> tuple[str, str] | None:
+    match = _CREATE.match(sql)
+    return (match.group(1).upper(), match.group(2)) if match else None
+
+
+class OfflineExpert:
+    """A reference-guided policy that explores like an expert, then submits the known fix.
+
+    Its plan, within ``max_turns`` assistant turns: run the problematic SQL, show a few rows of
+    the tables it touches, run every fix statement with ``execute_sql`` (dropping first what the
+    problematic SQL created under the same name, so the try is meaningful), submit. Its reasoning
+    before each call comes from the previous observation and the evidence.
+    """
+
+    def __init__(self, task: Task, evidence: Evidence, max_turns: int = 5) -> None:
+        if max_turns < 1:
+            raise ValueError("max_turns must be at least 1")
+        self.task = task
+        self.evidence = evidence
+        budget = max_turns - 1  # the last turn submits
+        steps: list[tuple[str, str]] = []
+        if budget >= 1 and task.issue_sql:
+            steps.append(("issue", task.issue_sql[0]))
+        tries: list[tuple[str, str]] = []
+        issue_created = {c for c in map(_created, task.issue_sql) if c}
+        for sql in task.sol_sql:
+            created = _created(sql)
+            if steps and created in issue_created:
+                tries.append(("drop", f"DROP {created[0]} IF EXISTS {created[1]}"))
+            tries.append(("fix", sql))
+        if len(steps) + len(tries) > budget:
+            tries = []  # a partial try of a multi-statement fix shows nothing useful
+        room = budget - len(steps) - len(tries)
+        inspections = [
+            ("inspect", 'SELECT * FROM "' + table.replace('"', '""') + '" LIMIT 5')
+            for table in evidence.tables[:room]
+        ][:2]
+        self.plan = [*steps, *inspections, *tries]
+        self._step = 0
+        self._last: tuple[str, str] | None = None
+        self._explained = False
+
+    def _diagnosis(self) -> str:
+        self._explained = True
+        changes = self.evidence.changes[:4]
+        if not changes:
+            return "The statement needs a rewrite."
+        text = "Comparing the SQL with what the issue asks for: " + "; ".join(changes) + "."
+        if self.evidence.functions_added:
+            text += f" That needs {', '.join(self.evidence.functions_added)}."
+        return text
+
+    def _after(self, observation: str) -> str:
+        """A sentence about the previous call's observation."""
+        if self._last is None:
+            return ""
+        kind, sql = self._last
+        seen = summarize_observation(observation)
+        if kind == "issue":
+            run = self.evidence.issue_runs[0] if self.evidence.issue_runs else None
+            # The evidence ran on an identical fresh session; it adds the changed-row count.
+            same = run is not None and (run.error is None) == observation.startswith("status: ok")
+            text = summarize_run(run) if same and run is not None else seen
+            return text[:1].upper() + text[1:] + "."
+        if kind == "inspect":
+            return f"In {_table_of(sql)}, {seen}."
+        if kind == "drop":
+            return "The old object is gone."
+        if observation.startswith("status: error"):
+            index = self.task.sol_sql.index(sql)
+            fresh = self.evidence.fix_runs[index] if index < len(self.evidence.fix_runs) else None
+            if fresh is not None and fresh.error is None:
+                # Honest and true: the same statement on a fresh state (the evidence) succeeds,
+                # and the submission is judged on a fresh state.
+                return (
+                    f"The corrected statement: {seen}, but only because my run of the problematic "
+                    "SQL already changed this copy; on a fresh copy, which is what gets judged, "
+                    f"{summarize_run(fresh)}."
+                )
+        return f"The corrected statement: {seen}."
+
+    def act(self, observation: str) -> str:
+        """The next turn (reasoning, then one tool call) given the last observation."""
+        before = self._after(observation)
+        if self._step < len(self.plan):
+            kind, sql = self.plan[self._step]
+            self._step += 1
+            self._last = (kind, sql)
+            if kind == "issue":
+                text = "First I reproduce the problem by running the problematic SQL."
+            elif kind == "inspect":
+                text = f"{before} Let me look at a few rows of {_table_of(sql)}."
+            elif kind == "drop":
+                text = (
+                    f"{before} {self._diagnosis()} My run of the problematic SQL already created "
+                    "that object in this copy, so I drop it before trying the corrected one."
+                )
+            else:
+                lead = "" if self._explained else f" {self._diagnosis()}"
+                text = f"{before}{lead} Let me run the corrected statement."
+            return text.strip() + "\n" + format_tool_call("execute_sql", sql=sql)
+        lead = "" if self._explained else f" {self._diagnosis()}"
+        text = f"{before}{lead} I submit the fix."
+        return (
+            text.strip()
+            + "\n"
+            + format_tool_call("submit_solution", sql_list=list(self.task.sol_sql))
+        )
+
+
+def _teacher_turn(
+    teacher: Teacher, task: Task, messages: list[dict[str, str]], params: dict[str, Any]
+) -> str:
+    fix = "\n".join(f"```sql\n{sql}\n```" for sql in task.sol_sql)
+    system = {"role": "system", "content": TEACHER_AGENT_PROMPT.format(fix=fix)}
+    return teacher.chat([system, *messages], tools=TOOL_SCHEMAS, **params)
+
+
+def build_tool_trajectories(
+    tasks: Iterable[Task],
+    *,
+    teacher: Teacher | None = None,
+    max_turns: int = 5,
+    pool: ReplicaPool | None = None,
+    teacher_params: dict[str, Any] | None = None,
+    stats: dict[str, int] | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Stage-2 trajectories for ``tasks``, played in a real ``BirdCritic-SQLite-v0`` episode each.
+
+    ``teacher`` plays when given (a :class:`TeacherError` propagates), else :class:`OfflineExpert`;
+    ``max_turns`` is the episode's step limit (the TimeLimit wrapper, as in stage 4). Episodes
+    that end without an accepted submission are dropped. ``stats``, when given, is filled with
+    counts: ``tasks``, ``kept``, ``failed_judge``, ``truncated``, ``no_fix``, ``preprocess_error``.
+    """
+    from tqdm.auto import tqdm
+
+    pool = pool or default_pool()
+    task_list = [t for t in tasks]
+    counts = {
+        "tasks": len(task_list),
+        "kept": 0,
+        "failed_judge": 0,
+        "truncated": 0,
+        "no_fix": 0,
+        "preprocess_error": 0,
+    }
+    trajectories: list[dict[str, Any]] = []
+    if not task_list:
+        if stats is not None:
+            stats.update(counts)
+        return trajectories
+    env = gym.make("BirdCritic-SQLite-v0", tasks=task_list, pool=pool, max_episode_steps=max_turns)
+    try:
+        for task in tqdm(task_list, desc="stage-2 trajectories", disable=not progress):
+            if not task.sol_sql:
+                counts["no_fix"] += 1
+                continue
+            try:
+                expert = (
+                    None
+                    if teacher is not None
+                    else OfflineExpert(task, gather_evidence(task, pool), max_turns)
+                )
+                observation, info = env.reset(options={"task_id": task.instance_id})
+            except PreprocessError:
+                counts["preprocess_error"] += 1
+                continue
+            terminated = truncated = False
+            while not (terminated or truncated):
+                if expert is not None:
+                    action = expert.act(observation)
+                else:
+                    action = _teacher_turn(teacher, task, info["messages"], teacher_params or {})
+                observation, _, terminated, truncated, info = env.step(action)
+            if terminated and info["verdict"]["status"] == "success":
+                trajectories.append(
+                    {
+                        "messages": info["messages"],
+                        "tools": TOOL_SCHEMAS,
+                        "task_id": task.instance_id,
+                    }
+                )
+            elif terminated:
+                counts["failed_judge"] += 1
+            else:
+                counts["truncated"] += 1
+    finally:
+        env.close()
+    counts["kept"] = len(trajectories)
+    if stats is not None:
+        stats.update(counts)
+    return trajectories

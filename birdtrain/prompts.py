@@ -1,0 +1,110 @@
+"""The single-turn prompt and answer format (stages 1 and 3, single-turn evaluation).
+
+A single-turn prompt is one user message: the database schema (the benchmark's rendering, CREATE
+statements plus three rows per table), the user's issue, the problematic SQL, and the answer
+format. The answer is::
+
+    <thought>
+    ...diagnosis...
+    </thought>
+    <solution>
+    ```sql
+    first statement
+    ```
+    ```sql
+    second statement
+    ```
+    </solution>
+
+Every ```sql block of the solution is one element of ``pred_sqls``, exactly as the benchmark's
+baseline reads answers. Everything that writes or reads this format goes through this module.
+"""
+
+from __future__ import annotations
+
+import re
+
+from birdenv.schema import render_schema
+from birdenv.tasks import Task
+
+__all__ = ["ANSWER_INSTRUCTIONS", "format_answer", "parse_solution", "single_turn_prompt"]
+
+#: The last part of every single-turn prompt: how to answer.
+ANSWER_INSTRUCTIONS = """# Answer format
+First reason about the problem inside <thought>...</thought>. Then give the corrected SQL inside <solution>...</solution>, with each statement in its own ```sql block; the statements run in order, one statement per block."""
+
+_PROMPT = """You are a SQL assistant. Your task is to understand the user's issue and fix their problematic SQL, given the database schema.
+
+# Database Schema:
+{schema}
+
+# User issue:
+{query}
+
+# Problematic SQL:
+{issue_sql}
+
+{instructions}"""
+
+_SOLUTION = re.compile(r"<solution>(.*?)(?:</solution>|\Z)", re.DOTALL)
+# ```sql ... ``` (the language tag is optional and case-insensitive: models write ```SQL too).
+_BLOCK = re.compile(r"```[ \t]*(?:sql|sqlite)?[ \t]*\n?(.*?)```", re.DOTALL | re.IGNORECASE)
+
+
+def single_turn_prompt(task: Task) -> str:
+    """The user message of a single-turn task: schema, issue, problematic SQL, answer format."""
+    return _PROMPT.format(
+        schema=render_schema(task.db_path),
+        query=task.query,
+        issue_sql="\n".join(f"```sql\n{sql}\n```" for sql in task.issue_sql),
+        instructions=ANSWER_INSTRUCTIONS,
+    )
+
+
+def parse_solution(text: str) -> list[str]:
+    """The SQL statements of an answer's ``<solution>``: one per ```sql block.
+
+    The last ``<solution>`` counts (a model may quote the format while thinking); an unclosed one
+    runs to the end of the text, so an answer cut by the length limit still yields its blocks.
+    Without blocks, the stripped solution text itself is the one statement; without a
+    ``<solution>`` there is no answer.
+
+    >>> parse_solution("<thought>x</thought>\\n<solution>\\n```sql\\nSELECT 1\\n```\\n```sql\\nSELECT 2;\\n```\\n</solution>")
+    ['SELECT 1', 'SELECT 2;']
+    >>> parse_solution("<solution>SELECT 1</solution>")
+    ['SELECT 1']
+    >>> parse_solution("no answer here")
+    []
+    """
+    found = _SOLUTION.findall(text)
+    if not found:
+        return []
+    body = found[-1]
+    blocks = [block.strip() for block in _BLOCK.findall(body)]
+    if blocks:
+        return [block for block in blocks if block]
+    body = body.strip()
+    return [body] if body else []
+
+
+def format_answer(thought: str, sql_list: list[str]) -> str:
+    """An answer in the format :func:`parse_solution` reads back.
+
+    >>> answer = format_answer("The filter compares with NULL.", ["SELECT 1", "SELECT 2"])
+    >>> print(answer)
+    <thought>
+    The filter compares with NULL.
+    </thought>
+    <solution>
+    ```sql
+    SELECT 1
+    ```
+    ```sql
+    SELECT 2
+    ```
+    </solution>
+    >>> parse_solution(answer)
+    ['SELECT 1', 'SELECT 2']
+    """
+    blocks = "\n".join(f"```sql\n{sql.strip()}\n```" for sql in sql_list)
+    return f"<thought>\n{thought.strip()}\n</thought>\n<solution>\n{blocks}\n</solution>"
