@@ -1,0 +1,131 @@
+"""Stages 1 and 2: supervised fine-tuning with TRL's ``SFTTrainer``.
+
+- **Stage 1, reasoning imitation.** Examples in TRL's conversational prompt-completion form,
+  ``{"prompt": [user message], "completion": [assistant message], "task_id"}``: the user message is
+  :func:`birdtrain.prompts.single_turn_prompt`, the completion a ``<thought>…</thought>`` then
+  ``<solution>…</solution>`` answer. The loss is on the completion only.
+- **Stage 2, tool-use imitation.** Examples ``{"messages": [...], "tools": TOOL_SCHEMAS,
+  "task_id"}`` where ``messages`` is exactly a BirdCriticEnv episode's ``info["messages"]``. The
+  loss is on assistant turns only: ``assistant_only_loss=True`` needs ``{% generation %}`` markers,
+  and TRL swaps in its own training template for the Qwen3 template our policies carry, so the
+  user prompt and every tool observation are labelled -100.
+
+Read top to bottom: data → ``SFTConfig`` from the stage's config → train → metrics → merged save.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from birdtrain.stages import save_checkpoint, trainer_device_args, write_metrics
+
+__all__ = ["build_dataset", "build_trainer", "run"]
+
+
+def build_dataset(examples: Iterable[dict[str, Any]] | Any, stage: int) -> Any:
+    """A ``datasets.Dataset`` with only the columns SFT trains on for ``stage`` (1 or 2).
+
+    Stage 2's ``tools`` become JSON text: Arrow would merge the two tool schemas' different
+    ``properties`` into one struct and fill the missing keys with nulls, changing the rendered
+    prompt; TRL ``json.loads`` a string ``tools`` back, unchanged.
+    """
+    from datasets import Dataset
+
+    rows = list(examples) if not isinstance(examples, Dataset) else examples.to_list()
+    if not rows:
+        raise ValueError(f"stage {stage}: no training examples")
+    if stage == 1:
+        missing = [i for i, r in enumerate(rows) if "prompt" not in r or "completion" not in r]
+        if missing:
+            raise ValueError(
+                f"stage 1 examples need 'prompt' and 'completion' (conversational prompt-completion); "
+                f"example {missing[0]} has keys {sorted(rows[missing[0]])}"
+            )
+        return Dataset.from_list(
+            [{"prompt": r["prompt"], "completion": r["completion"]} for r in rows]
+        )
+    if stage == 2:
+        missing = [i for i, r in enumerate(rows) if "messages" not in r]
+        if missing:
+            raise ValueError(
+                f"stage 2 examples need 'messages' (and 'tools'); example {missing[0]} has keys "
+                f"{sorted(rows[missing[0]])}"
+            )
+        return Dataset.from_list(
+            [
+                {
+                    "messages": [
+                        {"role": m["role"], "content": m["content"]} for m in r["messages"]
+                    ],
+                    "tools": r["tools"]
+                    if isinstance(r.get("tools"), str)
+                    else json.dumps(r.get("tools")),
+                }
+                for r in rows
+            ]
+        )
+    raise ValueError(f"stage must be 1 or 2, got {stage!r}")
+
+
+def build_trainer(cfg: Any, *, model_path: str, out_dir: Path, examples: Any, stage: int) -> Any:
+    """The configured ``SFTTrainer`` for ``stage`` (what :func:`run` trains; tests inspect it)."""
+    from trl import SFTConfig, SFTTrainer
+
+    from birdtrain.models import load_policy, lora_config
+
+    stage_cfg = cfg.stage1 if stage == 1 else cfg.stage2
+    dataset = build_dataset(examples, stage)
+    model, tokenizer = load_policy(model_path, dtype=cfg.model.dtype)
+    args = SFTConfig(
+        output_dir=str(Path(out_dir) / "trainer"),
+        num_train_epochs=stage_cfg.epochs,
+        max_steps=stage_cfg.max_steps,
+        learning_rate=stage_cfg.learning_rate,
+        per_device_train_batch_size=stage_cfg.per_device_batch_size,
+        gradient_accumulation_steps=stage_cfg.batch_size // stage_cfg.per_device_batch_size,
+        warmup_steps=stage_cfg.warmup_ratio,  # a float below 1 is a ratio of the total steps
+        max_length=stage_cfg.max_length,
+        # Stage 1: loss on the completion only; stage 2: on the assistant turns only.
+        completion_only_loss=stage == 1,
+        assistant_only_loss=stage == 2,
+        logging_steps=1,
+        save_strategy="no",  # the final, merged save is ours
+        report_to=cfg.report_to,
+        seed=cfg.seed,
+        disable_tqdm=False,
+        dataset_num_proc=None,
+        **trainer_device_args(cfg.model.dtype),
+    )
+    return SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(cfg.model, model),
+    )
+
+
+def run(
+    cfg: Any,
+    *,
+    model_path: str,
+    out_dir: Path,
+    examples: Iterable[dict[str, Any]] | Any,
+    stage: int,
+) -> Path:
+    """Train stage ``stage`` (1 or 2) from ``model_path`` on ``examples``; return the checkpoint path.
+
+    Writes ``out_dir/metrics.jsonl`` (``step``, ``loss``, ``learning_rate``,
+    ``mean_token_accuracy``, ``num_tokens``… per step, then the trainer's summary) and the merged
+    checkpoint with its tokenizer at ``out_dir/"checkpoint"``.
+    """
+    out_dir = Path(out_dir)
+    trainer = build_trainer(
+        cfg, model_path=model_path, out_dir=out_dir, examples=examples, stage=stage
+    )
+    trainer.train()
+    write_metrics(trainer.state.log_history, out_dir / "metrics.jsonl")
+    return save_checkpoint(trainer.model, trainer.processing_class, out_dir / "checkpoint")
