@@ -206,6 +206,7 @@ def build_tool_trajectories(
     pool: ReplicaPool | None = None,
     teacher_params: dict[str, Any] | None = None,
     stats: dict[str, int] | None = None,
+    rejected: list[dict[str, Any]] | None = None,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Stage-2 trajectories for ``tasks``, played in a real ``BirdCritic-SQLite-v0`` episode each.
@@ -213,7 +214,9 @@ def build_tool_trajectories(
     ``teacher`` plays when given (a :class:`TeacherError` propagates), else :class:`OfflineExpert`;
     ``max_turns`` is the episode's step limit (the TimeLimit wrapper, as in stage 4). Episodes
     that end without an accepted submission are dropped. ``stats``, when given, is filled with
-    counts: ``tasks``, ``kept``, ``failed_judge``, ``truncated``, ``no_fix``, ``preprocess_error``.
+    counts: ``tasks``, ``kept``, ``failed_judge``, ``truncated``, ``no_fix``, ``preprocess_error``;
+    ``rejected``, when given, receives the dropped episodes (same form, plus ``reason``) for
+    inspection.
     """
     from tqdm.auto import tqdm
 
@@ -255,18 +258,14 @@ def build_tool_trajectories(
                 else:
                     action = _teacher_turn(teacher, task, info["messages"], teacher_params or {})
                 observation, _, terminated, truncated, info = env.step(action)
+            row = {"messages": info["messages"], "tools": TOOL_SCHEMAS, "task_id": task.instance_id}
             if terminated and info["verdict"]["status"] == "success":
-                trajectories.append(
-                    {
-                        "messages": info["messages"],
-                        "tools": TOOL_SCHEMAS,
-                        "task_id": task.instance_id,
-                    }
-                )
-            elif terminated:
-                counts["failed_judge"] += 1
-            else:
-                counts["truncated"] += 1
+                trajectories.append(row)
+                continue
+            reason = "failed_judge" if terminated else "truncated"
+            counts[reason] += 1
+            if rejected is not None:
+                rejected.append({**row, "reason": reason})
     finally:
         env.close()
     counts["kept"] = len(trajectories)
