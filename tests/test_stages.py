@@ -1,0 +1,367 @@
+"""Stages 1-3 on TRL with the offline tiny model, and the reward functions, on real episodes.
+
+The tasks live on the small ``shop`` database of ``conftest``: its prompts are ~1k tokens of the
+tiny model's tokenizer, where a gym-mini prompt is ~4.7k and a gym-mini trajectory ~6.5k, which
+makes one SFT step ~40x slower on two cores (measured: 9 s a step at batch 2).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from birdenv.agents import OracleAgent, run_episode
+from birdenv.envs.critic import BirdCriticEnv
+from birdenv.tasks import Task, load_tasks
+from birdenv.tools import TOOL_SCHEMAS, ToolCallError, parse_tool_call
+from birdtrain.config import CurriculumConfig, load_config
+from tests.conftest import SHOP_TASKS, build_shop
+
+pytest.importorskip("trl", reason="TRL is in the train extra")
+
+# More real tasks on the shop database: every issue SQL fails its test, every gold passes.
+MORE_SHOP_TASKS: list[dict[str, Any]] = [
+    {
+        "instance_id": "shop_4",
+        "db_id": "shop",
+        "category": "Query",
+        "query": "Number of orders per city; my counts look wrong.",
+        "issue_sql": [
+            "SELECT city, COUNT(*) FROM customers JOIN orders ON customers.id = orders.id GROUP BY city"
+        ],
+        "sol_sql": [
+            "SELECT city, COUNT(*) FROM customers JOIN orders ON customers.id = orders.customer_id GROUP BY city"
+        ],
+    },
+    {
+        "instance_id": "shop_5",
+        "db_id": "shop",
+        "category": "Query",
+        "query": "Which orders were placed in February 2023? I get nothing back.",
+        "issue_sql": ["SELECT id FROM orders WHERE placed_at LIKE '2023-2-%'"],
+        "sol_sql": ["SELECT id FROM orders WHERE placed_at LIKE '2023-02-%'"],
+    },
+    {
+        "instance_id": "shop_6",
+        "db_id": "shop",
+        "category": "Query",
+        "query": "Average order total where a missing total counts as zero.",
+        "issue_sql": ["SELECT AVG(total) FROM orders"],
+        "sol_sql": ["SELECT AVG(COALESCE(total, 0)) FROM orders"],
+    },
+    {
+        "instance_id": "shop_7",
+        "db_id": "shop",
+        "category": "Query",
+        "query": "Customers who joined during 2021; my query also returns later ones.",
+        "issue_sql": ["SELECT name FROM customers WHERE joined > '2021'"],
+        "sol_sql": ["SELECT name FROM customers WHERE joined LIKE '2021-%'"],
+    },
+    {
+        "instance_id": "shop_8",
+        "db_id": "shop",
+        "category": "Query",
+        "query": "Names of customers who placed an order above 100.",
+        "issue_sql": ["SELECT name FROM customers WHERE id IN (SELECT id FROM big_orders)"],
+        "sol_sql": ["SELECT name FROM customers WHERE id IN (SELECT customer_id FROM big_orders)"],
+    },
+    {
+        "instance_id": "shop_9",
+        "db_id": "shop",
+        "category": "Query",
+        "query": "How much has Ann spent in total? I get NULL.",
+        "issue_sql": ["SELECT SUM(total) FROM orders WHERE customer_id = 'Ann'"],
+        "sol_sql": [
+            "SELECT SUM(o.total) FROM orders o JOIN customers c ON c.id = o.customer_id WHERE c.name = 'Ann'"
+        ],
+    },
+    {
+        "instance_id": "shop_10",
+        "db_id": "shop",
+        "category": "Management",
+        "query": "Delete the customers who never ordered; my delete removes nobody.",
+        "preprocess_sql": ["INSERT INTO customers VALUES (4, 'Dee', 'Oslo', '2023-05-01')"],
+        "issue_sql": ["DELETE FROM customers WHERE id NOT IN (SELECT id FROM orders)"],
+        "sol_sql": ["DELETE FROM customers WHERE id NOT IN (SELECT customer_id FROM orders)"],
+        "test_cases": [
+            "def test_case(pred_sqls, sol_sqls, db_path, conn, conditions):\n"
+            "    res, err, to = execute_queries(['SELECT name FROM customers ORDER BY id'], db_path, conn, None, '')\n"
+            "    assert not err and [r[0] for r in res] == ['Ann', 'Bob', 'Cid'], res\n"
+            "    return 1\n"
+        ],
+    },
+]
+# Trained on the first eight, tested on the last two (never seen in training).
+HELD_OUT = ("shop_9", "shop_10")
+
+
+@pytest.fixture(scope="module")
+def shop(tmp_path_factory: pytest.TempPathFactory) -> list[Task]:
+    """Ten real tasks on the shop database, through the public loader."""
+    root = tmp_path_factory.mktemp("shop")
+    build_shop(root / "dbs")
+    path = root / "tasks.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in SHOP_TASKS + MORE_SHOP_TASKS))
+    return load_tasks(path, db_dir=root / "dbs")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The offline tiny Qwen3 (random weights, TRL's Qwen3 chat template)."""
+    from birdtrain.models import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="module")
+def episodes(shop: list[Task]) -> dict[str, dict[str, Any]]:
+    """Stage-2 examples: the oracle's real episodes, kept only when the judge accepted them."""
+    env = BirdCriticEnv(tasks=shop)
+    out = {}
+    for task in shop:
+        reward, info = run_episode(env, OracleAgent(), task.instance_id)
+        assert reward == 1.0, task.instance_id
+        out[task.instance_id] = {
+            "messages": info["messages"],
+            "tools": TOOL_SCHEMAS,
+            "task_id": task.instance_id,
+        }
+    env.close()
+    return out
+
+
+def _cfg(**overrides: Any) -> CurriculumConfig:
+    items = [f"{k}={v}" for k, v in overrides.items()]
+    return load_config(
+        "smoke", overrides=["stage1.max_length=2048", "stage2.max_length=2048", *items]
+    )
+
+
+def test_shop_tasks_are_valid(shop: list[Task]) -> None:
+    from birdenv.judge import judge
+
+    for task in shop:
+        assert judge(task, task.sol_sql).passed, task.instance_id
+        assert not judge(task, task.issue_sql).passed, task.instance_id
+
+
+# -- (a) stage 2 trains on assistant turns only ----------------------------------------------
+def test_stage2_labels_only_assistant_turns(episodes: dict, tiny: str, tmp_path: Path) -> None:
+    from birdtrain.stages import sft
+
+    examples = [episodes["shop_1"], episodes["shop_2"]]
+    trainer = sft.build_trainer(
+        _cfg(), model_path=tiny, out_dir=tmp_path, examples=examples, stage=2
+    )
+    tokenizer = trainer.processing_class
+    assert len(trainer.train_dataset) == 2
+    for row, example in zip(trainer.train_dataset, examples, strict=True):
+        ids, labels = row["input_ids"], row["labels"]
+        # Contiguous labelled spans, decoded: each must be one assistant turn and its end token.
+        spans, current = [], []
+        for token, label in zip(ids, labels, strict=True):
+            if label == -100:
+                if current:
+                    spans.append(tokenizer.decode(current))
+                current = []
+            else:
+                assert label == token
+                current.append(token)
+        if current:
+            spans.append(tokenizer.decode(current))
+        assistant = [m["content"] for m in example["messages"] if m["role"] == "assistant"]
+        assert len(spans) == len(assistant)
+        for span, content in zip(spans, assistant, strict=True):
+            # The Qwen3 template opens each assistant turn with an empty think block (the model
+            # emits it at inference too); then the turn's text and its end-of-turn token.
+            before, found, after = span.partition(content)
+            assert found and before.strip() in ("", "<think>\n\n</think>")
+            assert after.strip() == "<|im_end|>"
+        # Every user and tool token is -100: none of their text is in the labelled spans.
+        labelled = "".join(spans)
+        for message in example["messages"]:
+            if message["role"] != "assistant":
+                assert message["content"] not in labelled
+        assert "<tool_response>" not in labelled and "# Database Schema" not in labelled
+        assert sum(label != -100 for label in labels) < len(labels) / 4
+
+
+def test_stage1_labels_only_the_completion(shop: list[Task], tiny: str, tmp_path: Path) -> None:
+    from birdtrain.prompts import format_answer, single_turn_prompt
+    from birdtrain.stages import sft
+
+    task = shop[0]
+    answer = format_answer("The filter compares with NULL.", list(task.sol_sql))
+    example = {
+        "prompt": [{"role": "user", "content": single_turn_prompt(task)}],
+        "completion": [{"role": "assistant", "content": answer}],
+        "task_id": task.instance_id,
+    }
+    trainer = sft.build_trainer(
+        _cfg(), model_path=tiny, out_dir=tmp_path, examples=[example], stage=1
+    )
+    row = trainer.train_dataset[0]
+    labelled = [
+        t for t, label in zip(row["input_ids"], row["labels"], strict=True) if label != -100
+    ]
+    text = trainer.processing_class.decode(labelled)
+    assert answer in text and "# Database Schema" not in text and "<|im_start|>user" not in text
+
+
+# -- (b) stage 2 teaches the tiny model to call tools, on prompts it never saw ------------------
+def _first_turn(model_path: str, prompts: list[str], max_new_tokens: int = 120) -> list[str]:
+    """Greedy first assistant turn for each user prompt, decoded with its special tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    turns = []
+    for prompt in prompts:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}],
+            tools=TOOL_SCHEMAS,
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
+        )
+        with torch.no_grad():
+            out = model.generate(
+                **ids,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        # <tool_call> is a special token of this tokenizer: keep special tokens, cut at the end.
+        text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=False)
+        turns.append(text.split("<|im_end|>")[0])
+    return turns
+
+
+def _parses(text: str) -> bool:
+    try:
+        parse_tool_call(text)
+    except ToolCallError:
+        return False
+    return True
+
+
+def _learning_check(
+    shop: list[Task], episodes: dict, tiny: str, out_dir: Path, steps: int, lr: float
+) -> None:
+    from birdtrain.stages import sft
+
+    train = [episodes[t.instance_id] for t in shop if t.instance_id not in HELD_OUT]
+    prompts = [episodes[tid]["messages"][0]["content"] for tid in HELD_OUT]
+    assert not any(_parses(turn) for turn in _first_turn(tiny, prompts))
+
+    cfg = _cfg(
+        **{
+            "stage2.max_steps": steps,
+            "stage2.learning_rate": lr,
+            "stage2.per_device_batch_size": 2,
+            "stage2.batch_size": 2,
+            "stage2.warmup_ratio": 0.0,
+        }
+    )
+    checkpoint = sft.run(cfg, model_path=tiny, out_dir=out_dir, examples=train, stage=2)
+    turns = _first_turn(str(checkpoint), prompts)
+    assert all(_parses(turn) for turn in turns), turns
+    metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [m["loss"] for m in metrics if "loss" in m]
+    assert len(losses) == steps and losses[-1] < losses[0] / 3
+
+
+def test_stage2_teaches_tool_calls_on_unseen_tasks(
+    shop: list[Task], episodes: dict, tiny: str, tmp_path: Path
+) -> None:
+    _learning_check(shop, episodes, tiny, tmp_path, steps=150, lr=5e-3)
+
+
+# -- (c) stages 1 and 3 end to end --------------------------------------------------------------
+def test_stage1_then_stage3_end_to_end(shop: list[Task], tiny: str, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from birdtrain.prompts import format_answer, single_turn_prompt
+    from birdtrain.stages import grpo, sft
+
+    examples = [
+        {
+            "prompt": [{"role": "user", "content": single_turn_prompt(t)}],
+            "completion": [
+                {"role": "assistant", "content": format_answer("Fix the SQL.", list(t.sol_sql))}
+            ],
+            "task_id": t.instance_id,
+        }
+        for t in shop[:4]
+    ]
+    cfg = _cfg(
+        **{
+            "stage1.max_steps": 2,
+            "stage3.max_steps": 2,
+            "stage3.max_completion_length": 12,
+            "stage3.max_prompt_length": 2048,
+        }
+    )
+    stage1 = sft.run(cfg, model_path=tiny, out_dir=tmp_path / "s1", examples=examples, stage=1)
+    stage3 = grpo.run(cfg, model_path=str(stage1), out_dir=tmp_path / "s3", tasks=shop[:4])
+    for checkpoint in (stage1, stage3):
+        assert AutoModelForCausalLM.from_pretrained(checkpoint) is not None
+        assert AutoTokenizer.from_pretrained(checkpoint).chat_template
+    s1 = [json.loads(x) for x in (tmp_path / "s1/metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in s1 if "loss" in m] == [1, 2]
+    assert {"step", "loss", "learning_rate", "mean_token_accuracy"} <= set(s1[0])
+    s3 = [json.loads(x) for x in (tmp_path / "s3/metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in s3 if "reward" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert {"loss", "learning_rate", "reward_mean", "reward_std", "pass_rate", "kl"} <= set(m)
+        assert 0.0 <= m["pass_rate"] <= 1.0
+        assert "rewards/format_reward/mean" in m
+    assert not any(p.name not in {"s1", "s3"} for p in tmp_path.iterdir())
+
+
+def test_grpo_refuses_prompts_that_are_all_too_long(shop: list[Task], tiny: str) -> None:
+    from transformers import AutoTokenizer
+
+    from birdtrain.stages import grpo
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    assert len(grpo.build_dataset(shop[:2], tokenizer, None)) == 2
+    with pytest.raises(ValueError, match="max_prompt_length"):
+        grpo.build_dataset(shop[:2], tokenizer, 16)
+
+
+# -- (d) reward functions on real completions ----------------------------------------------------
+def test_rewards_on_real_completions(shop: list[Task]) -> None:
+    from birdtrain.prompts import format_answer
+    from birdtrain.rewards import format_reward, get_reward, solution_reward
+
+    by_id = {t.instance_id: t for t in shop}
+    ids = ["shop_1", "shop_2", "shop_10", "shop_1", "shop_2", "shop_10"]
+    completions = [
+        [{"role": "assistant", "content": format_answer("Use IS NULL.", list(by_id[i].sol_sql))}]
+        for i in ids[:3]
+    ] + [
+        [{"role": "assistant", "content": format_answer("Looks fine.", list(by_id[i].issue_sql))}]
+        for i in ids[3:]
+    ]
+    prompts = [[{"role": "user", "content": "..."}]] * len(ids)
+    assert solution_reward(prompts, completions, task_id=ids, tasks=by_id) == [1.0] * 3 + [0.0] * 3
+    garbage = ["", "SELECT name FROM customers", "<solution>```sql\nDROP TABLE x\n```</solution>"]
+    assert solution_reward([None] * 3, garbage, task_id=["shop_1"] * 3, tasks=by_id) == [0.0] * 3
+    # Two statements in one block is an error for the official evaluator, so for us too.
+    two = (
+        "<solution>```sql\nSELECT 1; SELECT name FROM customers WHERE city IS NULL\n```</solution>"
+    )
+    assert solution_reward([None], [two], task_id=["shop_1"], tasks=by_id) == [0.0]
+    assert format_reward(prompts, completions) == [1.0] * 6
+    assert format_reward(None, garbage) == [0.0] * 3
+    assert get_reward("solution") is solution_reward
+    with pytest.raises(ValueError, match="valid names: solution, format"):
+        get_reward("accuracy")
+    with pytest.raises(KeyError, match="register_tasks"):
+        solution_reward([None], [completions[0]], task_id=["nowhere_1"])
