@@ -207,6 +207,10 @@ def split_statements(text: str) -> list[str]:
     while i < len(text):
         end = _skip_token(text, i)
         if text[i] == ";":
+            if i == start or text[start:i].isspace():  # an empty statement: just skip it
+                start, trigger = end, None
+                i = _skip_space_and_comments(text, end)
+                continue
             if trigger is None:
                 trigger = _is_trigger(text, start)
             if not trigger or (last_word == "end" and _complete(text[start:end])):
@@ -222,15 +226,21 @@ def split_statements(text: str) -> list[str]:
 
 
 def _is_trigger(text: str, start: int) -> bool:
-    """Whether the statement starting at ``start`` is ``CREATE [TEMP|TEMPORARY] TRIGGER``."""
+    """Whether the statement starting at ``start`` is ``CREATE [TEMP|TEMPORARY] TRIGGER``.
+
+    Looks at three tokens at most, so a run of empty statements stays linear.
+    """
     words = []
-    for word, _ in _words(text, start, depth_zero=False):
-        words.append(word)
-        if len(words) == 3 or word == "trigger":
-            break
+    i = _skip_space_and_comments(text, start)
+    while i < len(text) and len(words) < 3:
+        end = _skip_token(text, i)
+        words.append(text[i:end].lower())
+        i = _skip_space_and_comments(text, end)
     if not words or words[0] != "create":
         return False
-    return "trigger" in words[1:3] and words[1] in ("trigger", "temp", "temporary")
+    return words[1:2] == ["trigger"] or (
+        words[1:2] in (["temp"], ["temporary"]) and words[2:3] == ["trigger"]
+    )
 
 
 def _complete(piece: str) -> bool:
