@@ -1,0 +1,168 @@
+"""Soak: many trajectories through a 32-worker async vector env, nothing leaks, nobody escapes.
+
+A scripted policy plays every episode: a read, DDL that creates a table under a name every
+trajectory shares, a write of a marker unique to the trajectory, one hostile statement drawn from
+the committed catalogue (fast cases only), an isolation check (the table holds exactly this
+trajectory's two markers and nobody else's), then a submission that the judge scores. Recorded:
+trajectories/s, p50/p99 latency of one vector step, and open fds, resident memory (workers plus
+this process) and the pool root's disk at start and end.
+
+Parameters (environment): ``SOAK_TRAJECTORIES`` (default 20000), ``SOAK_WORKERS`` (default 32),
+``SOAK_SEED``. Marked slow: ``SOAK_TRAJECTORIES=1000 pytest benchmarks/test_soak.py -m slow -s``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from birdenv.tasks import load_tasks
+from birdenv.tools import format_tool_call
+from birdenv.vector import make_vec
+
+CATALOGUE = Path(__file__).parent.parent / "tests" / "fixtures" / "hostile" / "catalogue.jsonl"
+# Hostile statements cheap enough to run thousands of times and that leave the soak table alone.
+SOAK_CATEGORIES = ("file_access", "state_escape", "encoding")
+_SPARE = ("drop-table", "query-only", "foreign-keys-cascade", "temp-table-shadow")
+SMALL_DBS = ("hospital_records", "school_district", "movie_platform")
+
+
+def _hostile() -> list[str]:
+    rows = [json.loads(line) for line in CATALOGUE.read_text(encoding="utf-8").splitlines()]
+    return [
+        r["sql"]
+        for r in rows
+        if r["category"] in SOAK_CATEGORIES
+        and "sql" in r
+        and not r.get("setup")
+        and r["id"] not in _SPARE
+    ]
+
+
+def _tree_stats(pids: list[int]) -> tuple[int, int]:
+    """(open fds, resident bytes) summed over ``pids``."""
+    fds = rss = 0
+    for pid in pids:
+        try:
+            fds += len(os.listdir(f"/proc/{pid}/fd"))
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1]) * 1024
+        except FileNotFoundError:
+            continue
+    return fds, rss
+
+
+def _disk(root: Path) -> int:
+    """Allocated bytes of the sessions' files (bases are materialised once, on first use)."""
+    return sum(p.stat().st_blocks * 512 for p in (root / "sessions").rglob("*") if p.is_file())
+
+
+@pytest.mark.slow
+def test_soak(tmp_path: Path) -> None:
+    total = int(os.environ.get("SOAK_TRAJECTORIES", "20000"))
+    workers = int(os.environ.get("SOAK_WORKERS", "32"))
+    rng = random.Random(int(os.environ.get("SOAK_SEED", "0")))
+    tasks = [t for t in load_tasks("critic-mini") if t.db_id in SMALL_DBS]
+    by_id = {t.instance_id: t for t in tasks}
+    hostile = _hostile()
+    root = tmp_path / "replicas"
+    envs = make_vec(
+        workers,
+        tasks=tasks,
+        pool_options={"root": str(root)},
+        statement_timeout=2.0,
+        seed=0,
+        max_episode_steps=8,
+    )
+    pids = [os.getpid()] + [p.pid for p in envs.processes]
+    phase = [0] * workers
+    marker = [""] * workers
+    counter = 0
+    done_trajectories = violations = 0
+    latencies: list[float] = []
+    autoreset = np.zeros(workers, dtype=bool)
+    # A first round warms every worker (pools, bases, imports) before the start figures.
+    start_stats = None
+    started = time.perf_counter()
+    obs, infos = envs.reset(seed=0)
+    current = list(infos["task_id"])
+
+    def action(i: int) -> str:
+        nonlocal counter
+        task = by_id.get(current[i])
+        p = phase[i]
+        if p == 0:
+            counter += 1
+            marker[i] = f"w{i}-t{counter}"
+            return format_tool_call("execute_sql", sql=task.issue_sql[0] if task else "SELECT 1")
+        if p == 1:
+            return format_tool_call(
+                "execute_sql", sql=f"CREATE TABLE soak_t AS SELECT '{marker[i]}' AS m"
+            )
+        if p == 2:
+            return format_tool_call("execute_sql", sql=f"INSERT INTO soak_t VALUES ('{marker[i]}')")
+        if p == 3:
+            return format_tool_call("execute_sql", sql=rng.choice(hostile))
+        if p == 4:
+            return format_tool_call(
+                "execute_sql",
+                sql=f"SELECT count(*), sum(m <> '{marker[i]}') FROM main.soak_t",
+            )
+        return format_tool_call("submit_solution", sql_list=list(task.issue_sql) if task else [])
+
+    while done_trajectories < total:
+        if start_stats is None and done_trajectories >= workers:
+            start_stats = (*_tree_stats(pids), _disk(root), done_trajectories, time.perf_counter())
+        actions = [action(i) if not autoreset[i] else "" for i in range(workers)]
+        t0 = time.perf_counter()
+        obs, _rewards, terminated, truncated, infos = envs.step(actions)
+        latencies.append(time.perf_counter() - t0)
+        for i in range(workers):
+            if autoreset[i]:  # this step started a new episode; its obs is the new prompt
+                phase[i] = 0
+                current[i] = infos["task_id"][i]
+                continue
+            if phase[i] == 4 and "| 2 | 0 |" not in obs[i]:
+                violations += 1
+                print(f"isolation check failed in worker {i} ({marker[i]}): {obs[i][:300]}")
+            phase[i] += 1
+            if terminated[i] or truncated[i]:
+                done_trajectories += 1
+        autoreset = terminated | truncated
+    elapsed = time.perf_counter() - started
+    end = (*_tree_stats(pids), _disk(root))
+    envs.close()
+    assert start_stats is not None
+    fds0, rss0, disk0, done0, t_start = start_stats
+    measured = done_trajectories - done0
+    rate = measured / (time.perf_counter() - t_start)
+    report = {
+        "trajectories": done_trajectories,
+        "workers": workers,
+        "seconds": round(elapsed, 1),
+        "trajectories_per_s": round(rate, 2),
+        "vector_step_p50_ms": round(1000 * statistics.median(latencies), 1),
+        "vector_step_p99_ms": round(1000 * float(np.percentile(latencies, 99)), 1),
+        "fds_start_end": (fds0, end[0]),
+        "rss_mb_start_end": (round(rss0 / 2**20), round(end[1] / 2**20)),
+        "sessions_disk_mb_start_end": (round(disk0 / 2**20, 1), round(end[2] / 2**20, 1)),
+        "bases_mb": round(
+            sum(p.stat().st_size for p in (root / "bases").glob("*.sqlite")) / 2**20, 1
+        ),
+        "isolation_violations": violations,
+    }
+    print("\nSOAK " + json.dumps(report))
+    out = os.environ.get("SOAK_REPORT")
+    if out:
+        Path(out).write_text(json.dumps(report, indent=1))
+    assert violations == 0
+    assert abs(end[0] - fds0) <= 2 * workers, report
+    assert end[2] <= disk0 + (8 << 20), report
