@@ -189,6 +189,21 @@ def test_stage2_labels_only_assistant_turns(episodes: dict, tiny: str, tmp_path:
         assert sum(label != -100 for label in labels) < len(labels) / 4
 
 
+def test_sft_refuses_a_max_length_that_cuts_every_assistant_turn(
+    episodes: dict, tiny: str, tmp_path: Path
+) -> None:
+    from birdtrain.stages import sft
+
+    with pytest.raises(ValueError, match="max_length"):
+        sft.build_trainer(
+            _cfg(**{"stage2.max_length": 64}),
+            model_path=tiny,
+            out_dir=tmp_path,
+            examples=[episodes["shop_1"]],
+            stage=2,
+        )
+
+
 def test_stage1_labels_only_the_completion(shop: list[Task], tiny: str, tmp_path: Path) -> None:
     from birdtrain.prompts import format_answer, single_turn_prompt
     from birdtrain.stages import sft
@@ -212,7 +227,7 @@ def test_stage1_labels_only_the_completion(shop: list[Task], tiny: str, tmp_path
 
 
 # -- (b) stage 2 teaches the tiny model to call tools, on prompts it never saw ------------------
-def _first_turn(model_path: str, prompts: list[str], max_new_tokens: int = 120) -> list[str]:
+def _first_turn(model_path: str, prompts: list[str], max_new_tokens: int = 300) -> list[str]:
     """Greedy first assistant turn for each user prompt, decoded with its special tokens."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -275,9 +290,16 @@ def _learning_check(
     assert len(losses) == steps and losses[-1] < losses[0] / 3
 
 
+@pytest.mark.slow
 def test_stage2_teaches_tool_calls_on_unseen_tasks(
     shop: list[Task], episodes: dict, tiny: str, tmp_path: Path
 ) -> None:
+    """After stage 2 the tiny model calls a tool on prompts of tasks it never trained on.
+
+    Slow (150 steps at ~1k tokens, 2.7-3.5 s a step on a loaded 2-core VM). Status when written:
+    60 steps at lr 1e-2 did NOT pass (greedy output degenerates into repeated newlines and a
+    broken JSON call); the 150-step run's outcome is in the stage report.
+    """
     _learning_check(shop, episodes, tiny, tmp_path, steps=150, lr=5e-3)
 
 

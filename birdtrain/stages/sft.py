@@ -16,6 +16,7 @@ Read top to bottom: data → ``SFTConfig`` from the stage's config → train →
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from typing import Any
 from birdtrain.stages import save_checkpoint, trainer_device_args, write_metrics
 
 __all__ = ["build_dataset", "build_trainer", "run"]
+
+logger = logging.getLogger(__name__)
 
 
 def build_dataset(examples: Iterable[dict[str, Any]] | Any, stage: int) -> Any:
@@ -99,13 +102,29 @@ def build_trainer(cfg: Any, *, model_path: str, out_dir: Path, examples: Any, st
         dataset_num_proc=None,
         **trainer_device_args(cfg.model.dtype),
     )
-    return SFTTrainer(
+    trainer = SFTTrainer(
         model=model,
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=lora_config(cfg.model, model),
     )
+    # TRL truncates to max_length and then drops examples left with no trained token: a limit
+    # below the prompt's length silently empties the data set.
+    if len(trainer.train_dataset) == 0:
+        raise ValueError(
+            f"stage {stage}: all {len(dataset)} examples lost every trained token to truncation "
+            f"at stage{stage}.max_length={stage_cfg.max_length}; raise it"
+        )
+    if len(trainer.train_dataset) < len(dataset):
+        logger.warning(
+            "stage %d: %d of %d examples dropped: truncated at max_length=%d before any trained token",
+            stage,
+            len(dataset) - len(trainer.train_dataset),
+            len(dataset),
+            stage_cfg.max_length,
+        )
+    return trainer
 
 
 def run(
