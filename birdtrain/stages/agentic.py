@@ -1,0 +1,303 @@
+"""Stage 4, interactive agentic RL: multi-turn GRPO against a ``gymnasium.vector.VectorEnv``.
+
+Every optimizer step takes ``tasks_per_step`` tasks; each is rolled out ``num_generations`` times
+(the GRPO group) in a vector environment of ``BirdCriticEnv`` (async by default, sync, or any the
+caller passes), each rollout on its own persistent database session, for up to ``max_turns``
+assistant turns. The reward is the judge's verdict on the submission (``binary``: passed;
+``fraction``: tests passed / total); running out of turns or context scores 0. Tool-response and
+template tokens are masked out of the loss; rollouts that *break* (an environment or worker error)
+get an all-zero mask and a ``None`` reward, so TRL gives them zero advantage, keeps them out of the
+group baseline and counts none of their tokens.
+
+Why TRL's ``rollout_func`` and not ``environment_factory`` or a ``GRPOTrainer`` subclass:
+``environment_factory`` creates its own environment objects one per rollout, so it cannot drive a
+``VectorEnv`` the caller built (Async workers, a user's wrappers), and its tool loop re-parses
+turns with the chat template's tool-call parser instead of the environment's. ``rollout_func`` is
+the documented hook that hands generation to us and takes back exactly what the loss needs:
+``prompt_ids``, ``completion_ids``, sampling ``logprobs`` and ``env_mask`` (TRL's tool mask:
+0 = not trained on), plus extra fields that reach the reward function. Everything else (the GRPO
+loss, KL to the reference, group-normalized advantages with ``None`` rewards, logging, vLLM weight
+sync) stays TRL's, so a subclass would only add surface to keep in step with TRL.
+
+Read top to bottom: tasks and envs → dataset (one row per task) → ``rollout_func`` (collect) →
+reward function (verdicts + per-step metrics) → ``GRPOConfig`` → train → metrics.jsonl → save.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from birdenv.tasks import Task, load_tasks
+from birdtrain import rollout
+from birdtrain.stages import (
+    save_checkpoint,
+    silence_trl_experimental,
+    trainer_device_args,
+    write_metrics,
+)
+
+__all__ = ["build_dataset", "make_reward_func", "make_rollout_func", "run"]
+
+#: Per-step metrics the stage adds to TRL's (names in metrics.jsonl).
+METRICS = (
+    "agentic/reward_mean",
+    "agentic/reward_std",
+    "agentic/pass_rate",
+    "agentic/tool_calls_per_traj",
+    "agentic/invalid_call_rate",
+    "agentic/turns",
+    "agentic/env_steps",
+    "agentic/env_s",
+    "agentic/generation_s",
+    "agentic/dropped",
+    "agentic/truncated",
+)
+
+
+def build_dataset(tasks: Sequence[Task]) -> Any:
+    """One row per task. The user message carries only the task id.
+
+    ``rollout_func`` receives the prompts and nothing else of a row, so the prompt names the task;
+    the real prompt (schema, issue, SQL, tool instructions) is rendered by the environment's
+    ``reset``, exactly as at evaluation time.
+    """
+    from datasets import Dataset
+
+    return Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": t.instance_id}], "task_id": t.instance_id}
+            for t in tasks
+        ]
+    )
+
+
+def _reward_of(traj: rollout.Trajectory, mode: str) -> float | None:
+    """The GRPO reward of a trajectory: None when it broke, else from the judge's verdict."""
+    if traj.dropped:
+        return None
+    if traj.verdict is None:  # no submission: out of turns or context
+        return 0.0
+    if mode == "fraction":
+        total = traj.verdict.get("tests_total") or 0
+        return (traj.verdict.get("tests_passed") or 0) / total if total else 0.0
+    return 1.0 if traj.verdict.get("status") == "success" else 0.0
+
+
+def make_rollout_func(envs: Any, stage: Any, policy: Any = None) -> Any:
+    """TRL's ``rollout_func(prompts, trainer)`` collecting multi-turn rollouts in ``envs``.
+
+    TRL 1.16 passes the generation batch's prompts already repeated ``num_generations`` times
+    (consecutively); we roll each distinct task out ``num_generations`` times and hand the
+    trajectories back in the prompts' order. ``policy(trainer) -> Policy`` replaces the trainer's
+    own model as the actor (scripted baselines, tests); by default the trainer's model generates
+    (vLLM when ``stage.use_vllm``).
+    """
+
+    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        task_ids = [p[-1]["content"] if isinstance(p, list) else str(p) for p in prompts]
+        unique = list(dict.fromkeys(task_ids))
+        counts = {t: task_ids.count(t) for t in unique}
+        group = max(counts.values())
+        if policy is not None:
+            actor: rollout.Policy = policy(trainer)
+        elif stage.use_vllm:
+            actor = rollout.VLLMPolicy(trainer)
+        else:
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            actor = rollout.TransformersPolicy(model, trainer.processing_class)
+        trajectories = rollout.collect(
+            envs,
+            actor,
+            unique,
+            num_generations=group,
+            max_turns=stage.max_turns,
+            max_new_tokens=stage.max_new_tokens,
+            temperature=stage.temperature,
+            max_context=stage.max_context,
+        )
+        queues: dict[str, list[rollout.Trajectory]] = {t: [] for t in unique}
+        for traj in trajectories:
+            queues[traj.task_id].append(traj)
+        ordered = [queues[t].pop(0) for t in task_ids]
+        eos = trainer.processing_class.eos_token_id
+        out: dict[str, list[Any]] = {
+            "prompt_ids": [],
+            "completion_ids": [],
+            "logprobs": [],
+            "env_mask": [],
+            "agent_reward": [],
+            "agent_passed": [],
+            "agent_dropped": [],
+            "agent_truncated": [],
+            "agent_tool_calls": [],
+            "agent_invalid_calls": [],
+            "agent_turns": [],
+        }
+        for traj in ordered:
+            ids, mask, logps = traj.completion_ids, traj.mask, traj.logprobs
+            if traj.dropped:
+                # Broken: nothing of it may be trained on. TRL needs a non-empty sequence.
+                mask = [0] * len(ids)
+            if not ids:
+                ids, mask, logps = [eos], [0], [0.0]
+            prompt = traj.prompt_ids or [eos]
+            out["prompt_ids"].append(prompt)
+            out["completion_ids"].append(ids)
+            out["logprobs"].append(logps)
+            out["env_mask"].append(mask)
+            out["agent_reward"].append(_reward_of(traj, stage.reward))
+            out["agent_passed"].append(traj.passed)
+            out["agent_dropped"].append(traj.dropped)
+            out["agent_truncated"].append(traj.truncated)
+            out["agent_tool_calls"].append(traj.tool_calls)
+            out["agent_invalid_calls"].append(traj.invalid_calls)
+            out["agent_turns"].append(traj.turns)
+        # Batch-level figures ride along once per row: TRL hands reward functions one value per row.
+        out["agent_env_s"] = [trajectories.env_s] * len(ordered)
+        out["agent_generation_s"] = [trajectories.generation_s] * len(ordered)
+        out["agent_env_steps"] = [trajectories.env_steps] * len(ordered)
+        return out
+
+    return rollout_func
+
+
+def make_reward_func() -> Any:
+    """The reward function: the environment's verdict (read from ``agent_reward``), plus metrics.
+
+    It also logs the step's rollout statistics through TRL's ``log_metric`` hook, so they land in
+    the same log entry as TRL's loss and KL.
+    """
+
+    def env_reward(
+        prompts: list[Any],
+        completions: list[Any],
+        agent_reward: list[float | None],
+        log_metric: Any = None,
+        **kwargs: Any,
+    ) -> list[float | None]:
+        if log_metric is not None:
+            kept = [i for i, d in enumerate(kwargs["agent_dropped"]) if not d]
+            scored = [agent_reward[i] for i in kept]
+            mean = sum(scored) / len(scored) if scored else 0.0
+            std = math.sqrt(sum((r - mean) ** 2 for r in scored) / len(scored)) if scored else 0.0
+            calls = sum(kwargs["agent_tool_calls"][i] for i in kept)
+            invalid = sum(kwargs["agent_invalid_calls"][i] for i in kept)
+            turns = sum(kwargs["agent_turns"][i] for i in kept)
+            n = max(len(kept), 1)
+            log_metric("agentic/reward_mean", mean)
+            log_metric("agentic/reward_std", std)
+            log_metric("agentic/pass_rate", sum(kwargs["agent_passed"][i] for i in kept) / n)
+            log_metric("agentic/tool_calls_per_traj", calls / n)
+            log_metric("agentic/invalid_call_rate", invalid / turns if turns else 0.0)
+            log_metric("agentic/turns", turns / n)
+            log_metric("agentic/dropped", float(len(agent_reward) - len(kept)))
+            log_metric("agentic/truncated", float(sum(kwargs["agent_truncated"][i] for i in kept)))
+            # Batch-level values (the same on every row).
+            log_metric("agentic/env_steps", float(kwargs["agent_env_steps"][0]))
+            log_metric("agentic/env_s", float(kwargs["agent_env_s"][0]))
+            log_metric("agentic/generation_s", float(kwargs["agent_generation_s"][0]))
+        return list(agent_reward)
+
+    return env_reward
+
+
+def _load_tasks(tasks: Any, cfg: Any) -> list[Task]:
+    if tasks is None:
+        tasks = cfg.data.train_suite
+    if isinstance(tasks, (str, Path)):
+        tasks = load_tasks(tasks, db_dir=cfg.data.db_dir)
+    tasks = list(tasks)
+    if cfg.data.max_train_tasks is not None:
+        tasks = tasks[: cfg.data.max_train_tasks]
+    if not tasks:
+        raise ValueError("stage 4 needs at least one training task")
+    return tasks
+
+
+def run(
+    cfg: Any,
+    *,
+    model_path: str,
+    out_dir: Path,
+    tasks: Sequence[Task] | str | Path | None = None,
+    envs: Any = None,
+    policy: Any = None,
+) -> Path:
+    """Train with multi-turn GRPO in a vector env and save the merged checkpoint.
+
+    Args:
+        cfg: The :class:`~birdtrain.config.CurriculumConfig`; ``cfg.stage4`` drives this stage.
+        model_path: The policy to start from (a path or a name :func:`birdtrain.models.resolve_model`
+            knows).
+        out_dir: Where ``metrics.jsonl`` and ``checkpoint/`` go.
+        tasks: Training tasks (a list, a suite name or a JSONL path; default ``cfg.data.train_suite``).
+        envs: A ``gymnasium.vector.VectorEnv`` of ``BirdCriticEnv`` over these tasks; default
+            :func:`birdenv.vector.make_vec` (``cfg.stage4.vector``, ``num_envs``, ``reward``). A
+            caller's env is left open; ours is closed.
+        policy: Optional ``policy(trainer) -> rollout.Policy`` acting instead of the trained model
+            (a scripted baseline or a test); the loss is still the trained model's.
+
+    Returns:
+        ``out_dir/"checkpoint"``.
+    """
+    silence_trl_experimental()
+    from trl import GRPOConfig, GRPOTrainer
+
+    from birdtrain.models import load_policy, lora_config
+
+    stage = cfg.stage4
+    out_dir = Path(out_dir)
+    task_list = _load_tasks(tasks, cfg)
+    own_envs = envs is None
+    if own_envs:
+        from birdenv.vector import make_vec
+
+        envs = make_vec(
+            stage.num_envs,
+            tasks=task_list,
+            asynchronous=stage.vector == "async",
+            reward=stage.reward,
+            seed=cfg.seed,
+        )
+    try:
+        model, tokenizer = load_policy(model_path, dtype=cfg.model.dtype)
+        batch = stage.tasks_per_step * stage.num_generations
+        args = GRPOConfig(
+            output_dir=str(out_dir),
+            per_device_train_batch_size=batch,
+            gradient_accumulation_steps=1,
+            num_generations=stage.num_generations,
+            max_completion_length=stage.max_new_tokens,  # per turn (vLLM's max_tokens)
+            max_steps=stage.max_steps,
+            learning_rate=stage.learning_rate,
+            beta=stage.beta,
+            temperature=stage.temperature,
+            top_k=0,
+            top_p=1.0,
+            logging_steps=1,
+            report_to=cfg.report_to,
+            seed=cfg.seed,
+            save_strategy="no",
+            disable_tqdm=False,
+            use_vllm=stage.use_vllm,
+            **({"vllm_mode": "colocate"} if stage.use_vllm else {}),
+            **trainer_device_args(cfg.model.dtype),
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            processing_class=tokenizer,
+            reward_funcs=[make_reward_func()],
+            args=args,
+            train_dataset=build_dataset(task_list),
+            peft_config=lora_config(cfg.model, model),
+            rollout_func=make_rollout_func(envs, stage, policy),
+        )
+        trainer.train()
+    finally:
+        if own_envs:
+            envs.close()
+    write_metrics(trainer.state.log_history, out_dir / "metrics.jsonl")
+    return save_checkpoint(trainer.model, trainer.processing_class, out_dir / "checkpoint")
