@@ -3,6 +3,8 @@
     birdtrain curriculum (--preset NAME | --config FILE.yaml) [key=value ...]
     birdtrain synth | stage1 | stage2 | stage3 | stage4 (--preset NAME | --config FILE) [key=value ...]
     birdtrain eval --policy MODEL|oracle|echo|scripted [--suite S | --tasks T --db-dir D] ...
+    birdtrain report RUN_DIR
+    birdtrain trajectories RUN_DIR --task ID | --sql QUERY
 
 A run directory ``{output_dir}/{name}/`` holds ``config.json`` (the resolved configuration and the
 git commit), ``data/`` (synthesized examples), ``stage1/`` … ``stage4/`` (each with ``metrics.jsonl``,
@@ -146,6 +148,8 @@ def _evaluate(cfg: Any, model_path: str, run_dir: Path, label: str) -> dict[str,
         max_new_tokens=cfg.eval.max_new_tokens,
         temperature=cfg.eval.temperature,
         label=label,
+        suite=cfg.data.eval_suite,
+        store_dir=run_dir,
     )
     return summary
 
@@ -231,8 +235,30 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         num_envs=args.num_envs,
         label=args.label or Path(str(args.policy)).name,
+        suite=args.tasks or args.suite,
     )
     print(summary["table"])
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from birdtrain.report import write_report
+
+    print(write_report(args.run_dir))
+    return 0
+
+
+def _cmd_trajectories(args: argparse.Namespace) -> int:
+    from birdtrain.trajectories import TrajectoryStore
+
+    store = TrajectoryStore(args.run_dir)
+    if args.sql:
+        for row in store.query(args.sql):
+            print("\t".join("" if v is None else str(v) for v in row))
+        return 0
+    if not args.task:
+        raise ValueError("give --task ID (or --sql QUERY over the table 'trajectories')")
+    print(store.show(args.task, limit=args.limit))
     return 0
 
 
@@ -285,6 +311,18 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", default="runs/eval", help="output folder")
     ev.add_argument("--label", help="name of this policy in reports")
     ev.set_defaults(func=_cmd_eval)
+
+    report = commands.add_parser("report", help="write RUN_DIR/report/report.html")
+    report.add_argument("run_dir")
+    report.set_defaults(func=_cmd_report)
+    traj = commands.add_parser(
+        "trajectories", help="print a task's trajectories, or query the store"
+    )
+    traj.add_argument("run_dir", help="a run directory or an eval output folder")
+    traj.add_argument("--task", help="task id")
+    traj.add_argument("--limit", type=int, default=3, help="most recent trajectories to show")
+    traj.add_argument("--sql", help="SQL over the table 'trajectories' (DuckDB)")
+    traj.set_defaults(func=_cmd_trajectories)
     return parser
 
 

@@ -1,0 +1,446 @@
+"""Evaluating a policy on BIRD-CRITIC-style tasks: Success Rate by category, pass@k, official files.
+
+Policies behind one interface:
+
+- a model (path, or ``tiny``/``smollm``): agent mode rolls it out through a vector environment with
+  :func:`birdtrain.rollout.collect` (the prompts, tool schemas and formatter of training); single
+  mode asks once for a ``<solution>``;
+- ``endpoint:MODEL@URL``: any OpenAI-compatible chat endpoint, as an agent or single-shot;
+- ``oracle`` (submits the gold: 100 % on a validated suite), ``echo`` (submits the issue SQL: 0 %),
+  ``scripted`` (the offline expert of stage 2), reference policies for sanity.
+
+Outputs in ``out_dir``: ``predictions.jsonl`` in the official form (``instance_id``, ``pred_sqls``)
+that the official evaluator accepts unchanged, ``verdicts.jsonl``, ``summary.json`` and the
+trajectory store (agent mode), and a table beside the paper's figures.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from birdenv.judge import judge_many
+from birdenv.tasks import CATEGORIES, Task
+from birdenv.tools import TOOL_SCHEMAS, ToolCallError, parse_tool_call
+from birdtrain.trajectories import TrajectoryStore, episode_rows
+
+__all__ = ["PAPER_RESULTS", "evaluate_policy", "pass_at_k"]
+
+#: Success Rates on BIRD-CRITIC-SQLite (500 tasks) reported by the BIRD-RL paper.
+PAPER_RESULTS = [
+    ("Gemini-3.1-Pro (agent)", 48.8),
+    ("Claude-Opus-4.6 (agent)", 48.2),
+    ("BIRD-RL 14B", 48.00),
+    ("Claude-Opus-4.6 (single-shot)", 46.2),
+    ("BIRD-RL 7B", 44.40),
+    ("Qwen3-Coder-480B", 41.6),
+    ("BIRD-Fixer-7B", 33.6),
+]
+_REFERENCE = ("oracle", "echo", "scripted")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples with ``c`` successes.
+
+    >>> round(pass_at_k(4, 1, 1), 3), pass_at_k(4, 1, 4), pass_at_k(4, 0, 2)
+    (0.25, 1.0, 0.0)
+    """
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _submitted(messages: list[dict[str, Any]]) -> list[str]:
+    """The ``sql_list`` of the episode's submission, or ``[]`` when it never submitted."""
+    for message in reversed(messages):
+        if message["role"] != "assistant":
+            continue
+        try:
+            call = parse_tool_call(message["content"])
+        except ToolCallError:
+            return []
+        return call.arguments["sql_list"] if call.name == "submit_solution" else []
+    return []
+
+
+# -- the policies ------------------------------------------------------------------------------
+def _reference_episodes(policy: str, jobs: list[tuple[Task, int]], num_envs: int) -> list[dict]:
+    """Run a reference agent through one env per worker thread (they share the process's pool)."""
+    from birdenv.agents import AGENTS, run_episode
+    from birdenv.envs.critic import BirdCriticEnv
+
+    agent_cls = AGENTS.get(policy) or AGENTS["oracle"]
+    tasks = [task for task, _ in jobs]
+
+    def worker(chunk: list[tuple[Task, int]]) -> list[dict]:
+        env = BirdCriticEnv(tasks=tasks)
+        out = []
+        for task, sample in chunk:
+            started = time.perf_counter()
+            reward, info = run_episode(env, agent_cls(), task.instance_id)
+            out.append(
+                {
+                    "task": task,
+                    "sample": sample,
+                    "messages": info["messages"],
+                    "reward": reward,
+                    "verdict": info.get("verdict"),
+                    "env_s": time.perf_counter() - started,
+                    "gen_s": 0.0,
+                }
+            )
+        env.close()
+        return out
+
+    chunks = [jobs[i::num_envs] for i in range(min(num_envs, len(jobs)))]
+    with concurrent.futures.ThreadPoolExecutor(len(chunks)) as pool:
+        return [e for part in pool.map(worker, chunks) for e in part]
+
+
+def _endpoint_episodes(
+    spec: str,
+    jobs: list[tuple[Task, int]],
+    *,
+    max_turns: int,
+    max_new_tokens: int,
+    temperature: float,
+    num_envs: int,
+) -> list[dict]:
+    """An OpenAI-compatible model as an agent: one env and one conversation per worker thread."""
+    from birdenv.envs.critic import BirdCriticEnv
+    from birdtrain.data.teacher import Teacher
+
+    model, _, url = spec.removeprefix("endpoint:").partition("@")
+    client = Teacher(url, model)
+    tasks = [task for task, _ in jobs]
+
+    def worker(chunk: list[tuple[Task, int]]) -> list[dict]:
+        env = BirdCriticEnv(tasks=tasks)
+        out = []
+        for task, sample in chunk:
+            _, info = env.reset(options={"task_id": task.instance_id})
+            reward, gen_s, env_s = 0.0, 0.0, 0.0
+            for _ in range(max_turns):
+                started = time.perf_counter()
+                turn = client.chat(
+                    info["messages"],
+                    tools=TOOL_SCHEMAS,
+                    temperature=temperature,
+                    max_tokens=max_new_tokens,
+                )
+                gen_s += time.perf_counter() - started
+                started = time.perf_counter()
+                _, reward, terminated, _, info = env.step(turn)
+                env_s += time.perf_counter() - started
+                if terminated:
+                    break
+            out.append(
+                {
+                    "task": task,
+                    "sample": sample,
+                    "messages": info["messages"],
+                    "reward": reward,
+                    "verdict": info.get("verdict"),
+                    "env_s": env_s,
+                    "gen_s": gen_s,
+                }
+            )
+        env.close()
+        return out
+
+    chunks = [jobs[i::num_envs] for i in range(min(num_envs, len(jobs)))]
+    with concurrent.futures.ThreadPoolExecutor(len(chunks)) as pool:
+        return [e for part in pool.map(worker, chunks) for e in part]
+
+
+def _model_episodes(
+    model_path: str,
+    tasks: list[Task],
+    *,
+    n: int,
+    max_turns: int,
+    max_new_tokens: int,
+    temperature: float,
+    num_envs: int,
+) -> tuple[list[dict], dict[str, float]]:
+    """A local model as an agent, rolled out through a vector env exactly as in stage 4."""
+    from birdenv.vector import make_vec
+    from birdtrain.models import load_policy
+    from birdtrain.rollout import TransformersPolicy, collect
+
+    model, tokenizer = load_policy(model_path)
+    envs = make_vec(
+        min(num_envs, len(tasks) * n),
+        tasks=tasks,
+        asynchronous=num_envs > 1,
+        max_episode_steps=max_turns,
+    )
+    try:
+        rollouts = collect(
+            envs,
+            TransformersPolicy(model, tokenizer),
+            [t.instance_id for t in tasks],
+            num_generations=n,
+            max_turns=max_turns,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            max_context=32768,
+        )
+    finally:
+        envs.close()
+    by_id = {t.instance_id: t for t in tasks}
+    episodes = [
+        {
+            "task": by_id[r.task_id],
+            "sample": r.group,
+            "messages": r.messages,
+            "reward": r.reward,
+            "verdict": r.verdict,
+            "env_s": r.env_s,
+            "gen_s": r.generation_s,
+            "tokens": sum(len(s.ids) for s in r.segments if s.generated),
+            "error": r.error,
+        }
+        for r in rollouts
+    ]
+    return episodes, {"generation_s": rollouts.generation_s, "env_s": rollouts.env_s}
+
+
+def _single_answers(
+    policy: str, tasks: list[Task], *, n: int, max_new_tokens: int, temperature: float
+) -> list[dict]:
+    """One ``<solution>`` per sample from a model or an endpoint."""
+    from birdtrain.prompts import parse_solution, single_turn_prompt
+
+    jobs = [(t, s) for t in tasks for s in range(n)]
+    prompts = [[{"role": "user", "content": single_turn_prompt(t)}] for t, _ in jobs]
+    started = time.perf_counter()
+    if policy.startswith("endpoint:"):
+        from birdtrain.data.teacher import Teacher
+
+        model, _, url = policy.removeprefix("endpoint:").partition("@")
+        client = Teacher(url, model)
+        texts = [
+            client.chat(p, temperature=temperature, max_tokens=max_new_tokens) for p in prompts
+        ]
+    else:
+        from birdtrain.models import load_policy
+        from birdtrain.rollout import TransformersPolicy
+
+        model, tokenizer = load_policy(policy)
+        generator = TransformersPolicy(model, tokenizer)
+        texts = []
+        for i in range(0, len(prompts), 8):
+            batch = [
+                tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
+                for p in prompts[i : i + 8]
+            ]
+            batch = [list(ids["input_ids"] if isinstance(ids, dict) else ids) for ids in batch]
+            for ids, _ in generator.generate(
+                batch, max_new_tokens=max_new_tokens, temperature=temperature
+            ):
+                texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+    gen_s = (time.perf_counter() - started) / max(len(jobs), 1)
+    return [
+        {"task": t, "sample": s, "answer": text, "pred_sqls": parse_solution(text), "gen_s": gen_s}
+        for (t, s), text in zip(jobs, texts, strict=True)
+    ]
+
+
+# -- the evaluation ----------------------------------------------------------------------------
+def _summarize(episodes: list[dict], n: int) -> dict[str, Any]:
+    by_task: dict[str, list[bool]] = defaultdict(list)
+    category = {}
+    for e in episodes:
+        by_task[e["task"].instance_id].append(bool(e["passed"]))
+        category[e["task"].instance_id] = e["task"].category
+    first = {tid: results[0] for tid, results in by_task.items()}
+    by_category: dict[str, dict[str, Any]] = {}
+    for cat in [c for c in CATEGORIES if c in category.values()] + sorted(
+        set(category.values()) - set(CATEGORIES)
+    ):
+        ids = [t for t, c in category.items() if c == cat]
+        by_category[cat] = {
+            "n": len(ids),
+            "success_rate": 100 * sum(first[t] for t in ids) / len(ids),
+        }
+    summary = {
+        "n": len(by_task),
+        "samples": n,
+        "success_rate": 100 * sum(first.values()) / max(len(first), 1),
+        "by_category": by_category,
+    }
+    if n > 1:
+        for k in sorted({1, n}):
+            summary[f"pass@{k}"] = (
+                100 * sum(pass_at_k(n, sum(r), k) for r in by_task.values()) / len(by_task)
+            )
+    return summary
+
+
+def _table(label: str, summary: dict[str, Any], suite: str) -> str:
+    rows = [(name, f"{sr:.1f}", "BIRD-CRITIC-SQLite 500 (paper)") for name, sr in PAPER_RESULTS]
+    rows.append(
+        (
+            f"{label} (measured here)",
+            f"{summary['success_rate']:.1f}",
+            f"{suite} ({summary['n']} tasks)",
+        )
+    )
+    rows.sort(key=lambda r: -float(r[1]))
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'policy':<{width}}  {'SR %':>6}  tasks", f"{'-' * width}  {'-' * 6}  -----"]
+    lines += [f"{name:<{width}}  {sr:>6}  {where}" for name, sr, where in rows]
+    cats = ", ".join(
+        f"{c} {v['success_rate']:.1f}% (n={v['n']})" for c, v in summary["by_category"].items()
+    )
+    lines.append(f"\n{label} by category: {cats}")
+    for key in ("pass@1", f"pass@{summary['samples']}"):
+        if key in summary:
+            lines.append(f"{label} {key}: {summary[key]:.1f}%")
+    return "\n".join(lines)
+
+
+def evaluate_policy(
+    policy: str,
+    *,
+    tasks: list[Task],
+    out_dir: str | Path,
+    mode: str = "agent",
+    n: int = 1,
+    temperature: float = 0.0,
+    max_turns: int = 5,
+    max_new_tokens: int = 512,
+    num_envs: int = 8,
+    label: str | None = None,
+    suite: str = "tasks",
+    store_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """Evaluate ``policy`` on ``tasks``; write predictions, verdicts and a summary into ``out_dir``.
+
+    Returns the summary: ``success_rate`` (first sample of each task), ``by_category``, ``pass@k``
+    when ``n > 1``, the time split, and ``table`` (the paper's figures beside this one).
+    """
+    if mode not in ("agent", "single"):
+        raise ValueError(f"mode must be 'agent' or 'single', got {mode!r}")
+    if n > 1 and temperature == 0:
+        raise ValueError("n > 1 samples need temperature > 0 (greedy samples are all the same)")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    label = label or policy
+    started = time.perf_counter()
+    split = {"generation_s": 0.0, "env_s": 0.0, "judge_s": 0.0}
+    if mode == "agent":
+        jobs = [(t, s) for t in tasks for s in range(n)]
+        if policy in _REFERENCE or policy.startswith("endpoint:"):
+            if policy in _REFERENCE:
+                episodes = _reference_episodes(policy, jobs, num_envs)
+            else:
+                episodes = _endpoint_episodes(
+                    policy,
+                    jobs,
+                    max_turns=max_turns,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    num_envs=num_envs,
+                )
+            split["generation_s"] = sum(e["gen_s"] for e in episodes)
+            split["env_s"] = sum(e["env_s"] for e in episodes)
+        else:
+            episodes, times = _model_episodes(
+                policy,
+                tasks,
+                n=n,
+                max_turns=max_turns,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                num_envs=num_envs,
+            )
+            split.update(times)
+        for e in episodes:
+            e["pred_sqls"] = _submitted(e["messages"])
+            e["passed"] = bool(e["verdict"] and e["verdict"].get("status") == "success")
+            if (
+                "generation_s" not in split
+                or policy in _REFERENCE
+                or policy.startswith("endpoint:")
+            ):
+                split["generation_s"] += e.get("gen_s", 0.0)
+                split["env_s"] += e.get("env_s", 0.0)
+        judge_times = [
+            e["verdict"]["timings"].get("total", 0.0) for e in episodes if e.get("verdict")
+        ]
+        split["judge_s"] = sum(judge_times)
+        store = TrajectoryStore(store_dir or out_dir)
+        store.append(
+            row
+            for e in episodes
+            for row in episode_rows(
+                e["messages"],
+                task_id=e["task"].instance_id,
+                category=e["task"].category,
+                reward=e["reward"],
+                verdict=(e["verdict"] or {}).get("status"),
+                run=label,
+                stage="eval",
+            )
+        )
+    else:
+        if policy in _REFERENCE:
+            raise ValueError("reference policies act in the environment: use mode='agent'")
+        episodes = _single_answers(
+            policy, tasks, n=n, max_new_tokens=max_new_tokens, temperature=temperature
+        )
+        split["generation_s"] = sum(e["gen_s"] for e in episodes)
+        judge_started = time.perf_counter()
+        for e, verdict in zip(
+            episodes, judge_many([(e["task"], e["pred_sqls"]) for e in episodes]), strict=True
+        ):
+            e["verdict"] = verdict.to_dict()
+            e["passed"] = verdict.passed
+        split["judge_s"] = time.perf_counter() - judge_started
+    order = {t.instance_id: i for i, t in enumerate(tasks)}
+    episodes.sort(key=lambda e: (order[e["task"].instance_id], e["sample"]))
+    with (out_dir / "predictions.jsonl").open("w") as fh:
+        for e in episodes:
+            if e["sample"] == 0:
+                fh.write(
+                    json.dumps({"instance_id": e["task"].instance_id, "pred_sqls": e["pred_sqls"]})
+                    + "\n"
+                )
+    with (out_dir / "verdicts.jsonl").open("w") as fh:
+        for e in episodes:
+            fh.write(
+                json.dumps(
+                    {
+                        "instance_id": e["task"].instance_id,
+                        "sample": e["sample"],
+                        "category": e["task"].category,
+                        "status": "success" if e["passed"] else "failed",
+                        "pred_sqls": e["pred_sqls"],
+                        "verdict": e.get("verdict"),
+                    },
+                    default=str,
+                )
+                + "\n"
+            )
+    summary = _summarize(episodes, n)
+    summary.update(
+        policy=policy,
+        label=label,
+        mode=mode,
+        seconds=round(time.perf_counter() - started, 2),
+        time_split={k: round(v, 2) for k, v in split.items()},
+    )
+    summary["table"] = _table(label, summary, suite)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(
+        f"[eval {label}] SR {summary['success_rate']:.2f}% on {summary['n']} tasks in {summary['seconds']} s "
+        f"(generation {split['generation_s']:.1f} s, environment {split['env_s']:.1f} s, judge {split['judge_s']:.1f} s)"
+    )
+    return summary
