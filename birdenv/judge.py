@@ -31,6 +31,7 @@ import multiprocessing
 import re
 import signal
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -387,7 +388,7 @@ class _Runner:
         }
         sink = _BoundedText(_MAX_CAPTURE)
         try:
-            with contextlib.redirect_stdout(sink), _alarm(self.deadline):
+            with _capture_stdout(sink), _alarm(self.deadline):
                 exec(_TEST_PRELUDE + source + _TEST_CALL, global_env, local_env)
         except AssertionError as exc:
             return f"Test case failed due to assertion error: {exc}"
@@ -434,6 +435,46 @@ class _BoundedText(io.TextIOBase):
             self.parts.append(text[: self.limit - self.size])
         self.size += len(text)
         return len(text)
+
+
+class _StdoutRouter(io.TextIOBase):
+    """``sys.stdout`` that sends each thread's writes to that thread's sink, if it has one.
+
+    ``contextlib.redirect_stdout`` swaps a process-wide object: two threads judging at once would
+    restore each other's sinks and leave the real stdout lost. Routing per thread avoids that.
+    """
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.local = threading.local()
+
+    def write(self, text: str) -> int:
+        sink = getattr(self.local, "sink", None)
+        return (sink if sink is not None else self.real).write(text)
+
+    def flush(self) -> None:
+        if getattr(self.local, "sink", None) is None:
+            self.real.flush()
+
+    def __getattr__(self, name: str) -> Any:  # encoding, isatty, fileno ... of the real stream
+        return getattr(self.real, name)
+
+
+_router_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _capture_stdout(sink: io.TextIOBase):
+    """Send this thread's ``print`` output to ``sink`` while test code runs."""
+    with _router_lock:
+        if not isinstance(sys.stdout, _StdoutRouter):
+            sys.stdout = _StdoutRouter(sys.stdout)
+        router = sys.stdout
+    router.local.sink = sink
+    try:
+        yield
+    finally:
+        router.local.sink = None
 
 
 @contextlib.contextmanager

@@ -69,20 +69,41 @@ def _submitted(messages: list[dict[str, Any]]) -> list[str]:
 
 
 # -- the policies ------------------------------------------------------------------------------
-def _reference_episodes(policy: str, jobs: list[tuple[Task, int]], num_envs: int) -> list[dict]:
-    """Run a reference agent through one env per worker thread (they share the process's pool)."""
-    from birdenv.agents import AGENTS, run_episode
-    from birdenv.envs.critic import BirdCriticEnv
+def _reference_episodes(
+    policy: str, jobs: list[tuple[Task, int]], *, max_turns: int, num_envs: int
+) -> list[dict]:
+    """Run a reference agent through one env per worker thread (they share the process's pool).
 
-    agent_cls = AGENTS.get(policy) or AGENTS["oracle"]
+    ``oracle`` and ``echo`` are :mod:`birdenv.agents`; ``scripted`` is stage 2's offline expert,
+    which explores with real evidence before it submits the known fix.
+    """
+    from birdenv.agents import AGENTS
+    from birdenv.envs.critic import BirdCriticEnv
+    from birdenv.replicas.pool import default_pool
+    from birdtrain.data.evidence import gather_evidence
+    from birdtrain.data.trajectories import OfflineExpert
+
     tasks = [task for task, _ in jobs]
+
+    def turns(task: Task):
+        if policy == "scripted":
+            expert = OfflineExpert(task, gather_evidence(task, default_pool()), max_turns)
+            return expert.act
+        planned = iter(AGENTS[policy]().turns(task))
+        return lambda observation: next(planned)
 
     def worker(chunk: list[tuple[Task, int]]) -> list[dict]:
         env = BirdCriticEnv(tasks=tasks)
         out = []
         for task, sample in chunk:
             started = time.perf_counter()
-            reward, info = run_episode(env, agent_cls(), task.instance_id)
+            act = turns(task)
+            observation, info = env.reset(options={"task_id": task.instance_id})
+            reward = 0.0
+            for _ in range(max_turns):
+                observation, reward, terminated, _, info = env.step(act(observation))
+                if terminated:
+                    break
             out.append(
                 {
                     "task": task,
@@ -339,7 +360,7 @@ def evaluate_policy(
         jobs = [(t, s) for t in tasks for s in range(n)]
         if policy in _REFERENCE or policy.startswith("endpoint:"):
             if policy in _REFERENCE:
-                episodes = _reference_episodes(policy, jobs, num_envs)
+                episodes = _reference_episodes(policy, jobs, max_turns=max_turns, num_envs=num_envs)
             else:
                 episodes = _endpoint_episodes(
                     policy,

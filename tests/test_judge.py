@@ -124,3 +124,26 @@ def test_missing_database_is_a_setup_failure(tmp_path, pool) -> None:
 )
 def test_official_text_transforms(fn, given: str, expected: str) -> None:
     assert fn([given]) == [expected]
+
+
+def test_judging_from_threads_keeps_stdout(shop_dir, pool, capsys) -> None:
+    import concurrent.futures
+    import sys
+
+    noisy = "def test_case(pred_sqls, sol_sqls, db_path, conn, conditions):\n    print('noise ' * 100)\n    return 1\n"
+    row = {
+        "instance_id": "t",
+        "db_id": "shop",
+        "issue_sql": ["SELECT nope"],
+        "sol_sql": ["SELECT 1"],
+        "test_cases": [noisy],
+    }
+    task = parse_task(row, db_dir=shop_dir)
+    before = sys.stdout
+    with concurrent.futures.ThreadPoolExecutor(4) as workers:
+        verdicts = list(workers.map(lambda _: judge(task, ["SELECT 1"], pool=pool), range(16)))
+    assert all(v.passed for v in verdicts)
+    print("still here")
+    assert "still here" in capsys.readouterr().out
+    assert "noise" not in capsys.readouterr().out
+    assert sys.stdout is before or getattr(sys.stdout, "real", None) is before
