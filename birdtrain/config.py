@@ -123,7 +123,9 @@ class AgenticConfig:
     tasks_per_step: int = _field(4, "distinct tasks per optimizer step")
     max_turns: int = _field(5, "assistant turns per rollout")
     max_new_tokens: int = _field(1024, "tokens generated per assistant turn")
-    max_context: int = _field(16384, "tokens of context before a rollout is cut (and dropped)")
+    max_context: int = _field(
+        16384, "tokens of context; a rollout that fills it ends there (a 0-reward truncation)"
+    )
     learning_rate: float = _field(1e-6, "peak learning rate")
     beta: float = _field(0.01, "KL coefficient")
     temperature: float = _field(1.0, "sampling temperature")

@@ -45,8 +45,8 @@ __all__ = [
     "Policy",
     "Rollouts",
     "Segment",
-    "TransformersPolicy",
     "Trajectory",
+    "TransformersPolicy",
     "VLLMPolicy",
     "collect",
 ]
@@ -196,6 +196,8 @@ class TransformersPolicy:
                     eos_token_id=tok.eos_token_id,
                     return_dict_in_generate=True,
                     output_scores=True,  # the processed logits the tokens were sampled from
+                    # TRL turns the KV cache off for gradient checkpointing; sampling needs it.
+                    use_cache=True,
                     **sampling,
                 )
         finally:
@@ -427,14 +429,14 @@ def collect(
         if assign:
             try:
                 results = reset_slots(assign)
-            except Exception as exc:  # noqa: BLE001 - an env/worker error breaks the rollouts
+            except Exception as exc:
                 break_all(exc)
                 continue
             for i, (_, info) in results.items():
                 if slots[i].traj is not None and not slots[i].traj.segments:
                     try:
                         start(i, slots[i].traj, info)
-                    except Exception as exc:  # noqa: BLE001
+                    except Exception as exc:
                         slots[i].traj.dropped, slots[i].traj.error = True, str(exc)
                         finish(slots[i])
         # 2. Generate a turn for every slot that needs one, in one batch.
@@ -475,8 +477,8 @@ def collect(
         # 3. Step every copy: the model's turns, an empty turn for the rest.
         actions = [s.action if s.traj is not None and s.action is not None else "" for s in slots]
         try:
-            obs, rewards, terminated, truncated, infos = timed_env(envs.step, tuple(actions))
-        except Exception as exc:  # noqa: BLE001 - an env/worker error breaks the rollouts
+            _obs, rewards, terminated, truncated, infos = timed_env(envs.step, tuple(actions))
+        except Exception as exc:
             break_all(exc)
             continue
         done.env_steps += sum(1 for s in slots if s.traj is not None)
@@ -502,7 +504,7 @@ def collect(
                     slot.retried = True
                     try:
                         _, again = reset_slots({i: traj.task_id})[i]
-                    except Exception as exc:  # noqa: BLE001
+                    except Exception as exc:
                         break_all(exc)
                         break
                     if again.get("messages") == traj.messages:

@@ -17,8 +17,8 @@ from birdenv.vector import make_vec
 
 pytest.importorskip("trl", reason="TRL is in the train extra")
 
-from birdtrain import rollout  # noqa: E402
-from birdtrain.config import load_config  # noqa: E402
+from birdtrain import rollout
+from birdtrain.config import load_config
 
 FIX_1 = "SELECT name FROM customers WHERE city IS NULL"
 WRONG_1 = "SELECT name FROM customers"
@@ -70,7 +70,7 @@ class ScriptedPolicy:
         out = []
         for context in batch:
             ids = self.tokenizer(self._turn(context), add_special_tokens=False)["input_ids"]
-            ids = (ids + [self.tokenizer.eos_token_id])[:max_new_tokens]
+            ids = ([*ids, self.tokenizer.eos_token_id])[:max_new_tokens]
             out.append((ids, [-0.25] * len(ids)))
         return out
 
@@ -244,7 +244,7 @@ def test_two_grpo_steps_sync_scripted_actor(shop_tasks: list, tiny: Path, tmp_pa
     from birdtrain.stages import agentic
 
     tasks = [t for t in shop_tasks if t.instance_id in ("shop_1", "shop_3")]
-    cfg = _stage4_config(vector="sync")
+    cfg = _stage4_config(vector="sync", max_new_tokens=200)
     with contextlib.closing(make_vec(2, tasks=tasks, asynchronous=False)) as envs:
         checkpoint = agentic.run(
             cfg,
@@ -272,14 +272,14 @@ def test_two_grpo_steps_async_tiny_model(shop_tasks: list, tiny: Path, tmp_path:
     """GRPO with the tiny model generating, through the default async vector env."""
     from birdtrain.stages import agentic
 
-    cfg = _stage4_config(vector="async", num_envs=2)
+    cfg = _stage4_config(vector="async", num_envs=2, tasks_per_step=1, max_new_tokens=8)
     checkpoint = agentic.run(cfg, model_path=str(tiny), out_dir=tmp_path / "s4", tasks=shop_tasks)
     assert (checkpoint / "model.safetensors").is_file()
     steps = _read_metrics(tmp_path / "s4" / "metrics.jsonl")
     assert [r["step"] for r in steps] == [1, 2]
     for record in steps:
         # A random model never writes a tool call: every turn is an invalid call, judged 0.
-        assert record["agentic/env_steps"] == 4 * 2 and record["agentic/turns"] == 2
+        assert record["agentic/env_steps"] == 2 * 2 and record["agentic/turns"] == 2
         assert record["agentic/invalid_call_rate"] == 1.0 and record["agentic/reward_mean"] == 0.0
         assert record["agentic/generation_s"] > 0 and record["agentic/dropped"] == 0
 
