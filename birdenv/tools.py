@@ -152,6 +152,8 @@ def parse_tool_call(text: str) -> ToolCall:
         raise ToolCallError(
             f"the tool call is not valid JSON: {exc.msg} at char {exc.pos}"
         ) from None
+    except RecursionError:
+        raise ToolCallError("the tool call is not valid JSON: nested too deeply") from None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         raise ToolCallError('a tool call must be a JSON object {"name": ..., "arguments": {...}}')
     name = call["name"]
@@ -159,7 +161,7 @@ def parse_tool_call(text: str) -> ToolCall:
         raise ToolCallError(f"unknown tool {name!r}; the tools are execute_sql and submit_solution")
     arguments = call.get("arguments", {})
     if isinstance(arguments, str):  # some models emit the arguments JSON-encoded twice
-        with contextlib.suppress(json.JSONDecodeError):
+        with contextlib.suppress(json.JSONDecodeError, RecursionError):
             arguments = json.loads(arguments)
     key, kind = _PARAMETERS[name]
     if not isinstance(arguments, dict) or set(arguments) != {key}:

@@ -214,11 +214,6 @@ def test_tampered_base_is_detected_and_never_served(shop, tmp_path: Path) -> Non
     assert list((root / "bases").glob("*.corrupt-*")), "the tampered file is kept aside"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="birdenv/replicas/store.py base_for(): a lease checks only size and mtime, so a base "
-    "changed in place with its mtime restored is served; only verify() re-hashes",
-)
 def test_tampered_base_with_restored_mtime_is_not_served(shop, tmp_path: Path) -> None:
     _, _, tasks = shop
     with ReplicaPool(root=tmp_path / "replicas") as pool:

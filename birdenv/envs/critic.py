@@ -240,7 +240,12 @@ class BirdCriticEnv(gym.Env[str, str]):
                 observation = format_observation(self.session.execute(call.arguments["sql"]))
             else:
                 # Judged on fresh states, never on this trajectory's mutated one.
-                self.verdict = judge(self.task, call.arguments["sql_list"], pool=self.pool)
+                self.verdict = judge(
+                    self.task,
+                    call.arguments["sql_list"],
+                    pool=self.pool,
+                    statement_timeout=self.limits.statement_timeout,
+                )
                 reward = (
                     float(self.verdict.passed)
                     if self.reward_mode == "binary"

@@ -20,10 +20,20 @@ from typing import Any
 from birdenv.errors import SessionClosedError
 from birdenv.replicas.guard import authorizer
 
-__all__ = ["MAX_ROWS", "Limits", "Result", "Session", "StatementTimeout", "run_statement"]
+__all__ = [
+    "MAX_ROWS",
+    "MAX_VALUE_BYTES",
+    "Limits",
+    "Result",
+    "Session",
+    "StatementTimeout",
+    "run_statement",
+]
 
 #: The official evaluator returns at most this many rows for SELECT/WITH statements.
 MAX_ROWS = 10_000
+#: Largest string or blob one value may hold in a session ("string or blob too big" beyond).
+MAX_VALUE_BYTES = 64 << 20
 # How many SQLite VM instructions run between deadline checks: cheap, and fine-grained enough
 # that a runaway statement stops within milliseconds of its deadline.
 _PROGRESS_STEPS = 2_000
@@ -183,6 +193,9 @@ class Session:
         """Open another guarded connection on this session's state (e.g. for test code)."""
         conn = self._connect()
         conn.set_authorizer(authorizer)
+        # The deadline cannot interrupt one function call: bound the size of any single value
+        # (printf('%.*c', 9e8, 'x') would otherwise build a gigabyte before the next check).
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
         return conn
 
     def execute(self, sql: str, *, timeout: float | None = None) -> Result:

@@ -3,8 +3,9 @@
 A task's template (``{db_dir}/{db_id}/{db_id}_template.sqlite``) is materialised once into
 ``{root}/bases/{sha256}.sqlite`` with SQLite's backup API (a consistent snapshot even of a template
 in WAL mode), made read-only, and hashed; its size and mtime are recorded with the hash. Sessions
-only ever read a base. Every lease checks the base's size and mtime against the record (a write
-changes them), and :meth:`BaseStore.verify` re-hashes its bytes. A base that no longer matches is
+only ever read a base. Every lease checks the base's size, mtime and ctime against the record (a
+write, a chmod or a ``utime`` to restore the mtime all change the ctime, which cannot be set back),
+and :meth:`BaseStore.verify` re-hashes its bytes. A base that no longer matches is
 moved aside and rebuilt from its template, never served.
 """
 
@@ -37,6 +38,7 @@ class Base:
     path: Path
     size: int
     mtime_ns: int
+    ctime_ns: int
 
 
 class BaseStore:
@@ -81,13 +83,14 @@ class BaseStore:
         except (FileNotFoundError, ValueError):
             return None
         entry = index.get("|".join(map(str, key)))
-        if not isinstance(entry, dict):
-            return None
+        if not isinstance(entry, dict) or "ctime_ns" not in entry:
+            return None  # unknown, or recorded by an older layout: materialise (and record) again
         return Base(
             entry["sha256"],
             self.dir / f"{entry['sha256']}.sqlite",
             entry["size"],
             entry["mtime_ns"],
+            entry["ctime_ns"],
         )
 
     def _intact(self, base: Base) -> bool:
@@ -95,8 +98,14 @@ class BaseStore:
             st = base.path.stat()
         except FileNotFoundError:
             return False
-        if (st.st_size, st.st_mtime_ns) != (base.size, base.mtime_ns):
-            self._quarantine(base, "size or mtime changed since it was hashed")
+        # Any write, chmod or utime() changes the ctime, and nothing can set it back: a base whose
+        # ctime still matches the one recorded right after hashing has not been touched.
+        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != (
+            base.size,
+            base.mtime_ns,
+            base.ctime_ns,
+        ):
+            self._quarantine(base, "size, mtime or ctime changed since it was hashed")
             return False
         return True
 
@@ -128,7 +137,7 @@ class BaseStore:
                 tmp.chmod(0o444)
                 os.replace(tmp, path)
             st = path.stat()
-            base = Base(sha, path, st.st_size, st.st_mtime_ns)
+            base = Base(sha, path, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             index_path = self._index_path()
             try:
                 index = json.loads(index_path.read_text())
@@ -138,6 +147,7 @@ class BaseStore:
                 "sha256": sha,
                 "size": st.st_size,
                 "mtime_ns": st.st_mtime_ns,
+                "ctime_ns": st.st_ctime_ns,
             }
             staging = index_path.with_suffix(f".{os.getpid()}.tmp")
             staging.write_text(json.dumps(index))
