@@ -13,7 +13,10 @@ from typing import Any
 from birdenv.tasks import Task
 from birdenv.tools import format_tool_call
 
-__all__ = ["AGENTS", "EchoAgent", "OracleAgent", "run_episode"]
+__all__ = ["AGENTS", "SCHEMA_QUERY", "EchoAgent", "OracleAgent", "run_episode"]
+
+#: The exploration call that lists what a database holds.
+SCHEMA_QUERY = "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view') ORDER BY name"
 
 
 class OracleAgent:
@@ -24,12 +27,9 @@ class OracleAgent:
     def turns(self, task: Task) -> list[str]:
         """The agent's turns for ``task``, in order."""
         turns = [
-            "First I reproduce the user's problem.\n"
+            "First I look at the tables.\n" + format_tool_call("execute_sql", sql=SCHEMA_QUERY),
+            "Now I reproduce the user's problem.\n"
             + format_tool_call("execute_sql", sql=task.issue_sql[0]),
-            format_tool_call(
-                "execute_sql",
-                sql="SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name",
-            ),
         ]
         if task.sol_sql and task.sol_sql[-1].lstrip().lower().startswith(("select", "with")):
             turns.append(

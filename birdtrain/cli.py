@@ -149,7 +149,6 @@ def _evaluate(cfg: Any, model_path: str, run_dir: Path, label: str) -> dict[str,
         temperature=cfg.eval.temperature,
         label=label,
         suite=cfg.data.eval_suite,
-        store_dir=run_dir,
     )
     return summary
 

@@ -184,28 +184,34 @@ class CurriculumConfig:
         return dataclasses.asdict(self)
 
 
-_SMOKE_SFT = {
-    "epochs": 1,
-    "max_steps": 30,
-    "learning_rate": 5e-3,
-    "batch_size": 4,
-    "per_device_batch_size": 4,
-    "max_length": 4096,
-}
 #: Named configurations; ``paper-7b`` carries the paper's hyper-parameters.
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {
         "name": "smoke",
         "model": {"name_or_path": "tiny", "lora": False, "dtype": "float32"},
-        "data": {"max_train_tasks": 8},
-        "stage1": _SMOKE_SFT,
-        "stage2": _SMOKE_SFT,
+        "data": {"max_train_tasks": 4},
+        "stage1": {
+            "epochs": 1,
+            "max_steps": 4,
+            "learning_rate": 1e-3,
+            "batch_size": 2,
+            "per_device_batch_size": 2,
+            "max_length": 4096,
+        },
+        "stage2": {
+            "epochs": 1,
+            "max_steps": 4,
+            "learning_rate": 1e-3,
+            "batch_size": 2,
+            "per_device_batch_size": 2,
+            "max_length": 8192,
+        },
         "stage3": {
             "max_steps": 2,
             "num_generations": 2,
             "prompts_per_step": 2,
             "learning_rate": 1e-4,
-            "max_completion_length": 48,
+            "max_completion_length": 32,
             "max_prompt_length": 4096,
         },
         "stage4": {
@@ -213,12 +219,12 @@ PRESETS: dict[str, dict[str, Any]] = {
             "num_generations": 2,
             "tasks_per_step": 2,
             "max_turns": 3,
-            "max_new_tokens": 48,
+            "max_new_tokens": 32,
             "learning_rate": 1e-4,
-            "num_envs": 4,
+            "num_envs": 2,
             "max_context": 8192,
         },
-        "eval": {"max_tasks": 6, "max_turns": 3, "max_new_tokens": 48},
+        "eval": {"max_tasks": 4, "max_turns": 3, "max_new_tokens": 32},
     },
     "smollm": {
         "name": "smollm",

@@ -24,6 +24,7 @@ __all__ = [
     "build_tiny_model",
     "load_policy",
     "lora_config",
+    "prompt_corpus",
     "resolve_model",
 ]
 
@@ -53,10 +54,36 @@ _CORPUS = [
 ]
 
 
-def build_tiny_model(path: str | Path, *, vocab_size: int = 640, seed: int = 0) -> Path:
+def prompt_corpus(limit: int = 60) -> list[str]:
+    """Real text for the tiny tokenizer: prompts of the bundled training suite and tool turns.
+
+    Merges learnt on it encode a prompt in about a third of the tokens a byte-level vocabulary
+    needs, which is what makes CPU smoke runs of the whole curriculum fast.
+    """
+    from birdenv import load_tasks
+    from birdenv.envs.critic import render_prompt
+    from birdenv.tools import format_tool_call
+
+    texts = []
+    for task in load_tasks("gym-mini")[:limit]:
+        texts.append(render_prompt(task))
+        texts.append(format_tool_call("execute_sql", sql=task.issue_sql[0]))
+        texts.append(format_tool_call("submit_solution", sql_list=task.sol_sql))
+    return texts
+
+
+def build_tiny_model(
+    path: str | Path,
+    *,
+    vocab_size: int = 640,
+    corpus: list[str] | None = None,
+    hidden_size: int = 64,
+    seed: int = 0,
+) -> Path:
     """Build and save a tiny random Qwen3 causal LM with a real tokenizer at ``path``.
 
-    Hidden size 64, two layers, well under 1 MB: enough for TRL to run SFT and GRPO in seconds.
+    Two layers of width ``hidden_size`` (64: well under 1 MB): enough for TRL to run SFT and GRPO
+    in seconds. ``corpus`` adds text the tokenizer learns its merges from.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -73,7 +100,7 @@ def build_tiny_model(path: str | Path, *, vocab_size: int = 640, seed: int = 0) 
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tokenizer.train_from_iterator(_CORPUS * 4 + list(corpus or []), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",
@@ -85,12 +112,12 @@ def build_tiny_model(path: str | Path, *, vocab_size: int = 640, seed: int = 0) 
     torch.manual_seed(seed)
     config = Qwen3Config(
         vocab_size=len(fast),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=hidden_size // 4,
         max_position_embeddings=32768,
         tie_word_embeddings=True,
         eos_token_id=fast.eos_token_id,
@@ -142,9 +169,9 @@ def resolve_model(name_or_path: str, *, cache: str | Path | None = None) -> str:
 
     cache = Path(cache) if cache is not None else home() / "models"
     if name_or_path == "tiny":
-        target = cache / "tiny-qwen3"
+        target = cache / "tiny-qwen3-v2"
         if not (target / "config.json").is_file():
-            build_tiny_model(target)
+            build_tiny_model(target, vocab_size=4096, corpus=prompt_corpus(), hidden_size=96)
         return str(target)
     if name_or_path == "smollm":
         target = cache / "smollm2-135m-instruct"

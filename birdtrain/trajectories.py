@@ -1,10 +1,11 @@
 """The trajectory store: every stage-4 rollout and every evaluation episode, queryable with DuckDB.
 
-Rollouts are appended as Parquet files under ``{run_dir}/trajectories/``, one row per turn, so
-DuckDB reads the whole store with one ``read_parquet`` and a user can query it with SQL::
+Rollouts are appended as Parquet files, one row per turn, in a ``trajectories/`` folder of the part
+of the run that made them (``stage4/trajectories/``, ``eval/<label>/trajectories/``), so DuckDB reads
+the whole run with one ``read_parquet`` and a user can query it with SQL::
 
     import duckdb
-    duckdb.sql("SELECT tool, count(*) FROM read_parquet('runs/smoke/trajectories/*.parquet') GROUP BY 1")
+    duckdb.sql("SELECT tool, count(*) FROM read_parquet('runs/smoke/**/trajectories/*.parquet') GROUP BY 1")
 
 Columns: ``run``, ``stage``, ``step``, ``episode`` (one id per trajectory), ``task_id``,
 ``category``, ``turn``, ``action`` (the model's text), ``tool``, ``sql``, ``observation``,
@@ -120,15 +121,18 @@ def episode_rows(
 
 
 class TrajectoryStore:
-    """Parquet files under ``{run_dir}/trajectories`` that DuckDB reads as one table."""
+    """Appends to ``{root}/trajectories``; reads every ``trajectories/*.parquet`` below ``root``.
 
-    def __init__(self, run_dir: str | Path) -> None:
-        self.dir = Path(run_dir) / "trajectories"
+    ``TrajectoryStore(run_dir)`` therefore queries a whole run: stage 4 and every evaluation.
+    """
 
-    @property
-    def glob(self) -> str:
-        """The ``read_parquet`` pattern of the whole store."""
-        return str(self.dir / "*.parquet")
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.dir = self.root / "trajectories"
+
+    def files(self) -> list[Path]:
+        """Every Parquet file of the store, in this folder and below."""
+        return sorted(self.root.rglob("trajectories/*.parquet"))
 
     def append(self, rows: Iterable[dict[str, Any]]) -> Path | None:
         """Write ``rows`` as one new Parquet file (atomically); None when there are none."""
@@ -157,13 +161,13 @@ class TrajectoryStore:
 
         conn = duckdb.connect()
         try:
-            if not any(self.dir.glob("*.parquet")):
+            files = self.files()
+            if not files:
                 columns = ", ".join(f'"{n}" {k}' for n, k in COLUMNS.items())
                 conn.execute(f"CREATE TABLE trajectories ({columns})")
             else:
-                conn.execute(
-                    f"CREATE VIEW trajectories AS SELECT * FROM read_parquet('{self.glob}')"
-                )
+                listed = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+                conn.execute(f"CREATE VIEW trajectories AS SELECT * FROM read_parquet([{listed}])")
             return conn.execute(sql, params or []).fetchall()
         finally:
             conn.close()
@@ -176,7 +180,7 @@ class TrajectoryStore:
             [task_id, limit],
         )
         if not episodes:
-            return f"no trajectories of task {task_id!r} in {self.dir}"
+            return f"no trajectories of task {task_id!r} under {self.root}"
         parts = []
         for episode, stage, step, _ in episodes:
             turns = self.query(

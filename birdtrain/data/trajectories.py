@@ -23,6 +23,7 @@ from typing import Any
 import gymnasium as gym
 
 import birdenv  # noqa: F401 - registers BirdCritic-SQLite-v0
+from birdenv.agents import SCHEMA_QUERY
 from birdenv.errors import PreprocessError
 from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.tasks import Task
@@ -101,6 +102,10 @@ class OfflineExpert:
         self.evidence = evidence
         budget = max_turns - 1  # the last turn submits
         steps: list[tuple[str, str]] = []
+        if budget >= 3:
+            # An expert first looks at what the database holds; with few turns it goes straight
+            # to reproducing the problem.
+            steps.append(("schema", SCHEMA_QUERY))
         if budget >= 1 and task.issue_sql:
             steps.append(("issue", task.issue_sql[0]))
         tries: list[tuple[str, str]] = []
@@ -138,6 +143,8 @@ class OfflineExpert:
             return ""
         kind, sql = self._last
         seen = summarize_observation(observation)
+        if kind == "schema":
+            return f"The database holds {seen}."
         if kind == "issue":
             run = self.evidence.issue_runs[0] if self.evidence.issue_runs else None
             # The evidence ran on an identical fresh session; it adds the changed-row count.
@@ -168,8 +175,14 @@ class OfflineExpert:
             kind, sql = self.plan[self._step]
             self._step += 1
             self._last = (kind, sql)
-            if kind == "issue":
-                text = "First I reproduce the problem by running the problematic SQL."
+            if kind == "schema":
+                text = "First I look at the tables and views this database holds."
+            elif kind == "issue":
+                text = (
+                    f"{before} Now I reproduce the problem by running the problematic SQL."
+                    if before
+                    else "First I reproduce the problem by running the problematic SQL."
+                )
             elif kind == "inspect":
                 text = f"{before} Let me look at a few rows of {_table_of(sql)}."
             elif kind == "drop":

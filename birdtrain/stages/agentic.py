@@ -38,6 +38,7 @@ from birdtrain.stages import (
     trainer_device_args,
     write_metrics,
 )
+from birdtrain.trajectories import TrajectoryStore, episode_rows
 
 __all__ = ["build_dataset", "make_reward_func", "make_rollout_func", "run"]
 
@@ -86,14 +87,17 @@ def _reward_of(traj: rollout.Trajectory, mode: str) -> float | None:
     return 1.0 if traj.verdict.get("status") == "success" else 0.0
 
 
-def make_rollout_func(envs: Any, stage: Any, policy: Any = None) -> Any:
+def make_rollout_func(
+    envs: Any, stage: Any, policy: Any = None, store: Any = None, categories: dict | None = None
+) -> Any:
     """TRL's ``rollout_func(prompts, trainer)`` collecting multi-turn rollouts in ``envs``.
 
     TRL 1.16 passes the generation batch's prompts already repeated ``num_generations`` times
     (consecutively); we roll each distinct task out ``num_generations`` times and hand the
     trajectories back in the prompts' order. ``policy(trainer) -> Policy`` replaces the trainer's
     own model as the actor (scripted baselines, tests); by default the trainer's model generates
-    (vLLM when ``stage.use_vllm``).
+    (vLLM when ``stage.use_vllm``). With a ``store`` (a :class:`~birdtrain.trajectories.TrajectoryStore`)
+    every rollout is appended to it, one row per turn.
     """
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
@@ -118,6 +122,22 @@ def make_rollout_func(envs: Any, stage: Any, policy: Any = None) -> Any:
             temperature=stage.temperature,
             max_context=stage.max_context,
         )
+        if store is not None:
+            step = trainer.state.global_step
+            store.append(
+                row
+                for traj in trajectories
+                for row in episode_rows(
+                    traj.messages,
+                    task_id=traj.task_id,
+                    category=(categories or {}).get(traj.task_id, ""),
+                    reward=None if traj.dropped else traj.reward,
+                    verdict=(traj.verdict or {}).get("status"),
+                    stage="stage4",
+                    step=step,
+                    tokens=[len(s.ids) for s in traj.segments if s.generated],
+                )
+            )
         queues: dict[str, list[rollout.Trajectory]] = {t: [] for t in unique}
         for traj in trajectories:
             queues[traj.task_id].append(traj)
@@ -293,7 +313,13 @@ def run(
             args=args,
             train_dataset=build_dataset(task_list),
             peft_config=lora_config(cfg.model, model),
-            rollout_func=make_rollout_func(envs, stage, policy),
+            rollout_func=make_rollout_func(
+                envs,
+                stage,
+                policy,
+                store=TrajectoryStore(out_dir),
+                categories={t.instance_id: t.category for t in task_list},
+            ),
         )
         trainer.train()
     finally:
