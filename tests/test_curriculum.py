@@ -1,0 +1,136 @@
+"""``birdtrain``: configuration, the smoke curriculum end to end, resuming, and the report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl", reason="the curriculum needs the train extra")
+
+from birdtrain.cli import main
+from birdtrain.config import load_config
+
+
+def test_config_layers_and_errors(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("name: mine\nstage3:\n  learning_rate: 2e-6\n  num_generations: 8\n")
+    cfg = load_config("smoke", path, ["stage4.vector=sync", "stage3.beta=0.02"])
+    assert (cfg.name, cfg.stage3.learning_rate, cfg.stage3.num_generations) == ("mine", 2e-6, 8)
+    assert (cfg.stage4.vector, cfg.stage3.beta, cfg.model.name_or_path) == ("sync", 0.02, "tiny")
+    paper = load_config("paper-7b")
+    assert (paper.stage3.num_generations, paper.stage3.learning_rate, paper.stage4.max_turns) == (
+        16,
+        1e-6,
+        5,
+    )
+    with pytest.raises(ValueError, match=r"valid keys: .*learning_rate"):
+        load_config("smoke", overrides=["stage3.lr=1"])
+    with pytest.raises(ValueError, match="unknown preset"):
+        load_config("huge")
+    with pytest.raises(ValueError, match="'async' or 'sync'"):
+        load_config("smoke", overrides=["stage4.vector=threads"])
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("runs")
+    assert main(["curriculum", "--preset", "smoke", "--output-dir", str(out)]) == 0
+    return out / "smoke"
+
+
+def test_smoke_curriculum_runs_all_four_stages(smoke_run: Path) -> None:
+    record = json.loads((smoke_run / "config.json").read_text())
+    assert record["config"]["model"]["name_or_path"] == "tiny"
+    for stage in ("stage1", "stage2", "stage3", "stage4"):
+        assert (smoke_run / stage / "DONE").is_file()
+        assert (smoke_run / stage / "checkpoint" / "config.json").is_file()
+        metrics = [
+            json.loads(x) for x in (smoke_run / stage / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert any("loss" in m for m in metrics), stage
+    stage4 = [
+        json.loads(x) for x in (smoke_run / "stage4" / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [m for m in stage4 if "agentic/env_steps" in m]
+    assert steps and all(m["agentic/env_steps"] > 0 for m in steps)
+    assert all(
+        {"agentic/reward_mean", "agentic/invalid_call_rate", "agentic/tool_calls_per_traj"}
+        <= set(m)
+        for m in steps
+    )
+    summary = json.loads((smoke_run / "summary.json").read_text())
+    assert {"before", "after_stage2", "after"} <= set(summary)
+    assert (smoke_run / "data" / "stage1.jsonl").stat().st_size > 0
+
+
+def test_trajectory_store_holds_stage4_and_evaluations(smoke_run: Path, capsys) -> None:
+    assert (
+        main(
+            [
+                "trajectories",
+                str(smoke_run),
+                "--sql",
+                "SELECT stage, count(DISTINCT episode) FROM trajectories GROUP BY 1 ORDER BY 1",
+            ]
+        )
+        == 0
+    )
+    rows = dict(line.split("\t") for line in capsys.readouterr().out.split("\n") if line)
+    assert int(rows["eval"]) == 12 and int(rows["stage4"]) == 8
+    first = json.loads(
+        (smoke_run / "eval" / "before" / "predictions.jsonl").read_text().splitlines()[0]
+    )
+    assert (
+        main(["trajectories", str(smoke_run), "--task", first["instance_id"], "--limit", "1"]) == 0
+    )
+    assert "turn 0 [assistant]" in capsys.readouterr().out
+
+
+def test_rerun_resumes_without_training_again(smoke_run: Path, capsys) -> None:
+    assert main(["curriculum", "--preset", "smoke", "--output-dir", str(smoke_run.parent)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("already complete") == 4
+
+
+def test_report_has_its_plots(smoke_run: Path) -> None:
+    html = (smoke_run / "report" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 5
+    for name in ("loss", "learning_rate", "reward", "tool_calls", "turns", "success_by_category"):
+        assert (smoke_run / "report" / f"{name}.png").stat().st_size > 5_000
+
+
+@pytest.mark.slow
+def test_report_renders_in_chromium(smoke_run: Path, tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    shot = tmp_path / "report.png"
+    subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1200,2400",
+            (smoke_run / "report" / "report.html").as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    from PIL import Image
+
+    image = Image.open(shot).convert("L")
+    colours = image.getcolors(maxcolors=1 << 16)
+    assert image.size == (1200, 2400) and colours is not None and len(colours) > 50
