@@ -138,7 +138,10 @@ def _build_database(module: ModuleType, target: Path) -> None:
 
 
 def _manifest_key(module: ModuleType) -> str:
-    return f"{module.DB_ID}@{module.VERSION}"
+    # The builder's own source is part of the key: editing a builder rebuilds its database even
+    # when nobody remembered to bump VERSION.
+    source = hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest()[:12]
+    return f"{module.DB_ID}@{module.VERSION}@{source}"
 
 
 def _database_ok(path: Path, entry: dict | None, *, full: bool) -> bool:
