@@ -92,7 +92,9 @@ def run_ours(pool: ReplicaPool, steps: list[list[Task]], tables: dict[str, list[
     """Every step on the pool; returns the peak bytes its root held (bases + session files)."""
     peak = 0
     for step in steps:
-        sessions: list[Session] = [pool.session(task) for task in step]
+        sessions: list[Session] = [
+            pool.session(task, exclusive=True) for task in step
+        ]  # as BirdCriticEnv leases them
         try:
             peak = max(
                 peak,

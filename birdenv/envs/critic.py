@@ -218,7 +218,8 @@ class BirdCriticEnv(gym.Env[str, str]):
             self.task = self._by_id[task_id]
         else:
             self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        self.session = self.pool.session(self.task, limits=self.limits)
+        # The trajectory is the only user of its session (submissions are judged on fresh ones).
+        self.session = self.pool.session(self.task, limits=self.limits, exclusive=True)
         self.verdict = None
         prompt = _in_charset(render_prompt(self.task))
         self.messages = [{"role": "user", "content": prompt}]

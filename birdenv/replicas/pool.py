@@ -138,16 +138,21 @@ class ReplicaPool:
         *,
         preprocess: bool = True,
         limits: Limits | None = None,
+        exclusive: bool = False,
         timeout: float | None = None,
     ) -> Session:
         """A fresh, isolated state of ``task``'s database, with its ``preprocess_sql`` applied.
 
         A failing preprocess statement raises :class:`PreprocessError` (the session is released);
         ``preprocess=False`` leaves the state untouched (the judge applies it itself, the
-        official way). ``limits`` overrides the pool's statement limits for this session.
+        official way). ``limits`` overrides the pool's statement limits for this session;
+        ``exclusive=True`` keeps the session's lock for its whole life (no ``-shm`` file; other
+        connections to it wait), for trajectories whose session nobody else opens.
         """
         base = self.store.base_for(task.db_path)
-        session = self.open_base(base, task_id=task.instance_id, limits=limits, timeout=timeout)
+        session = self.open_base(
+            base, task_id=task.instance_id, limits=limits, exclusive=exclusive, timeout=timeout
+        )
         if preprocess:
             for i, sql in enumerate(task.preprocess_sql, 1):
                 try:
@@ -165,6 +170,7 @@ class ReplicaPool:
         *,
         task_id: str | None = None,
         limits: Limits | None = None,
+        exclusive: bool = False,
         timeout: float | None = None,
     ) -> Session:
         """A fresh session directly on a base (what :meth:`session` uses)."""
@@ -184,6 +190,7 @@ class ReplicaPool:
                 limits=limits or self.limits,
                 release=self._release,
                 task_id=task_id,
+                exclusive=exclusive,
             )
         except BaseException:
             self._discard(path)
