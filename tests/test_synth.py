@@ -18,6 +18,7 @@ import gymnasium as gym
 import pytest
 
 import birdenv  # noqa: F401 - registers the environment
+from birdenv.agents import SCHEMA_QUERY
 from birdenv.envs.critic import render_prompt
 from birdenv.judge import judge
 from birdenv.tasks import load_tasks
@@ -141,7 +142,9 @@ def test_trajectories_replay_byte_for_byte(tasks, stage2):
             assert info["verdict"]["status"] == "success"
             calls = [parse_tool_call(m["content"]) for m in messages if m["role"] == "assistant"]
             assert calls[0].name == "execute_sql" and calls[-1].name == "submit_solution"
-            assert calls[0].arguments["sql"] == task.issue_sql[0]
+            # It looks at the tables first, then reproduces the problem.
+            assert calls[0].arguments["sql"] == SCHEMA_QUERY
+            assert calls[1].arguments["sql"] == task.issue_sql[0]
             assert calls[-1].arguments["sql_list"] == task.sol_sql
             # Reasoning before every call.
             assert all(not m["content"].startswith("<tool_call>") for m in messages[1::2])
@@ -152,7 +155,7 @@ def test_trajectories_replay_byte_for_byte(tasks, stage2):
 def test_expert_reasons_from_what_it_observed(stage2):
     by_id = {t["task_id"]: t["messages"] for t in stage2[0]}
     # The issue INSERT really changes nothing (the evidence adds the count to the observation).
-    assert "changes 0 rows" in by_id["retail_orders_026"][3]["content"]
+    assert "changes 0 rows" in by_id["retail_orders_026"][5]["content"]
     # The problematic CREATE TRIGGER already made the trigger: the expert drops it first.
     trigger = [m["content"] for m in by_id["movie_platform_023"] if m["role"] == "assistant"]
     assert any("DROP TRIGGER IF EXISTS" in turn for turn in trigger)
