@@ -357,8 +357,8 @@ def big_db(tmp_path_factory) -> Path:
     conn.execute("CREATE TABLE blobs (id INTEGER PRIMARY KEY, k INTEGER, payload BLOB)")
     conn.execute("BEGIN")
     conn.execute(
-        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 125000) "
-        "INSERT INTO blobs SELECT i, i * 7919 % 125000, randomblob(4000) FROM n"
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 132000) "
+        "INSERT INTO blobs SELECT i, i * 7919 % 132000, randomblob(4000) FROM n"
     )
     conn.execute("COMMIT")
     conn.execute("CREATE INDEX blobs_k ON blobs (k)")
