@@ -69,58 +69,65 @@ def _submitted(messages: list[dict[str, Any]]) -> list[str]:
 
 
 # -- the policies ------------------------------------------------------------------------------
-def _reference_episodes(
-    policy: str, jobs: list[tuple[Task, int]], *, max_turns: int, num_envs: int
-) -> list[dict]:
-    """Run a reference agent through one env per worker thread (they share the process's pool).
-
-    ``oracle`` and ``echo`` are :mod:`birdenv.agents`; ``scripted`` is stage 2's offline expert,
-    which explores with real evidence before it submits the known fix.
-    """
-    from birdenv.agents import AGENTS
+def _threaded_episodes(jobs: list[tuple[Task, int]], num_envs: int, play: Any) -> list[dict]:
+    """Run ``play(env, task) -> (info, reward, generation seconds)`` for every job, one env per
+    worker thread (the envs share the process's replica pool)."""
     from birdenv.envs.critic import BirdCriticEnv
-    from birdenv.replicas.pool import default_pool
-    from birdtrain.data.evidence import gather_evidence
-    from birdtrain.data.trajectories import OfflineExpert
 
     tasks = [task for task, _ in jobs]
-
-    def turns(task: Task):
-        if policy == "scripted":
-            expert = OfflineExpert(task, gather_evidence(task, default_pool()), max_turns)
-            return expert.act
-        planned = iter(AGENTS[policy]().turns(task))
-        return lambda observation: next(planned)
 
     def worker(chunk: list[tuple[Task, int]]) -> list[dict]:
         env = BirdCriticEnv(tasks=tasks)
         out = []
-        for task, sample in chunk:
-            started = time.perf_counter()
-            act = turns(task)
-            observation, info = env.reset(options={"task_id": task.instance_id})
-            reward = 0.0
-            for _ in range(max_turns):
-                observation, reward, terminated, _, info = env.step(act(observation))
-                if terminated:
-                    break
-            out.append(
-                {
-                    "task": task,
-                    "sample": sample,
-                    "messages": info["messages"],
-                    "reward": reward,
-                    "verdict": info.get("verdict"),
-                    "env_s": time.perf_counter() - started,
-                    "gen_s": 0.0,
-                }
-            )
-        env.close()
+        try:
+            for task, sample in chunk:
+                started = time.perf_counter()
+                info, reward, gen_s = play(env, task)
+                out.append(
+                    {
+                        "task": task,
+                        "sample": sample,
+                        "messages": info["messages"],
+                        "reward": reward,
+                        "verdict": info.get("verdict"),
+                        "env_s": time.perf_counter() - started - gen_s,
+                        "gen_s": gen_s,
+                    }
+                )
+        finally:
+            env.close()
         return out
 
     chunks = [jobs[i::num_envs] for i in range(min(num_envs, len(jobs)))]
     with concurrent.futures.ThreadPoolExecutor(len(chunks)) as pool:
         return [e for part in pool.map(worker, chunks) for e in part]
+
+
+def _reference_episodes(
+    policy: str, jobs: list[tuple[Task, int]], *, max_turns: int, num_envs: int
+) -> list[dict]:
+    """A reference agent: ``oracle`` and ``echo`` are :mod:`birdenv.agents`; ``scripted`` is
+    stage 2's offline expert, which explores with real evidence before it submits the known fix."""
+    from birdenv.agents import AGENTS
+    from birdenv.replicas.pool import default_pool
+    from birdtrain.data.evidence import gather_evidence
+    from birdtrain.data.trajectories import OfflineExpert
+
+    def play(env: Any, task: Task) -> tuple[dict, float, float]:
+        if policy == "scripted":
+            act = OfflineExpert(task, gather_evidence(task, default_pool()), max_turns).act
+        else:
+            planned = iter(AGENTS[policy]().turns(task))
+            act = lambda observation: next(planned)  # noqa: E731 - the plan ignores observations
+        observation, info = env.reset(options={"task_id": task.instance_id})
+        reward = 0.0
+        for _ in range(max_turns):
+            observation, reward, terminated, _, info = env.step(act(observation))
+            if terminated:
+                break
+        return info, reward, 0.0
+
+    return _threaded_episodes(jobs, num_envs, play)
 
 
 def _endpoint_episodes(
@@ -132,51 +139,30 @@ def _endpoint_episodes(
     temperature: float,
     num_envs: int,
 ) -> list[dict]:
-    """An OpenAI-compatible model as an agent: one env and one conversation per worker thread."""
-    from birdenv.envs.critic import BirdCriticEnv
+    """An OpenAI-compatible model as an agent, one conversation per env."""
     from birdtrain.data.teacher import Teacher
 
     model, _, url = spec.removeprefix("endpoint:").partition("@")
     client = Teacher(url, model)
-    tasks = [task for task, _ in jobs]
 
-    def worker(chunk: list[tuple[Task, int]]) -> list[dict]:
-        env = BirdCriticEnv(tasks=tasks)
-        out = []
-        for task, sample in chunk:
-            _, info = env.reset(options={"task_id": task.instance_id})
-            reward, gen_s, env_s = 0.0, 0.0, 0.0
-            for _ in range(max_turns):
-                started = time.perf_counter()
-                turn = client.chat(
-                    info["messages"],
-                    tools=TOOL_SCHEMAS,
-                    temperature=temperature,
-                    max_tokens=max_new_tokens,
-                )
-                gen_s += time.perf_counter() - started
-                started = time.perf_counter()
-                _, reward, terminated, _, info = env.step(turn)
-                env_s += time.perf_counter() - started
-                if terminated:
-                    break
-            out.append(
-                {
-                    "task": task,
-                    "sample": sample,
-                    "messages": info["messages"],
-                    "reward": reward,
-                    "verdict": info.get("verdict"),
-                    "env_s": env_s,
-                    "gen_s": gen_s,
-                }
+    def play(env: Any, task: Task) -> tuple[dict, float, float]:
+        _, info = env.reset(options={"task_id": task.instance_id})
+        reward, gen_s = 0.0, 0.0
+        for _ in range(max_turns):
+            started = time.perf_counter()
+            turn = client.chat(
+                info["messages"],
+                tools=TOOL_SCHEMAS,
+                temperature=temperature,
+                max_tokens=max_new_tokens,
             )
-        env.close()
-        return out
+            gen_s += time.perf_counter() - started
+            _, reward, terminated, _, info = env.step(turn)
+            if terminated:
+                break
+        return info, reward, gen_s
 
-    chunks = [jobs[i::num_envs] for i in range(min(num_envs, len(jobs)))]
-    with concurrent.futures.ThreadPoolExecutor(len(chunks)) as pool:
-        return [e for part in pool.map(worker, chunks) for e in part]
+    return _threaded_episodes(jobs, num_envs, play)
 
 
 def _model_episodes(
