@@ -39,6 +39,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from birdenv.errors import BirdEnvError
+from birdenv.replicas.guard import authorizer
 from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.replicas.session import MAX_ROWS, Limits, Session, run_statement
 from birdenv.tasks import Task, split_sql_field
@@ -258,14 +259,66 @@ class _Phase:
         return not (self.execution_error or self.timeout or self.assertion_error)
 
 
+# Actions that only read: a statement made of these alone leaves the database as it found it.
+_READ_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE})
+# Functions whose result is not a function of the database state alone.
+_VOLATILE_FUNCTIONS = frozenset(
+    {"random", "randomblob", "changes", "total_changes", "last_insert_rowid", "sqlite_offset"}
+)
+# The evaluator's own per-statement settings: they change no data.
+_PRELUDE_PRAGMAS = frozenset({"journal_mode", "synchronous"})
+_VOLATILE_TEXT = re.compile(r"now|current_", re.IGNORECASE)
+
+
 class _Runner:
-    """Runs one instance's statements and tests with the official helper semantics."""
+    """Runs one instance's statements and tests with the official helper semantics.
+
+    Read-only results are memoised per instance. Both phases start from the same state (a fresh
+    copy plus ``preprocess_sql``), and until something writes, a deterministic read-only statement
+    returns the same rows every time it runs; the official evaluator runs the gold, the issue SQL
+    and the prediction two or three times each (its default test re-runs them). The authorizer
+    sees every action of every statement, so any write, DDL, pragma, transaction or volatile
+    function makes the state "dirty" and switches the memo off until the next fresh state.
+    """
 
     def __init__(self, deadline: float, statement_timeout: float | None) -> None:
         self.deadline = deadline
         self.statement_timeout = statement_timeout
         self.session: Session | None = None
         self.extra_connections: list[sqlite3.Connection] = []
+        self.memo: dict[str, list[tuple[Any, ...]]] = {}
+        self.memo_enabled = True
+        self.dirty = False
+        self.volatile = False  # a volatile function or 'now' ran since the last fresh state
+        self._touched = False  # set by the authorizer when the running statement did more than read
+
+    def authorizer(self, action: int, arg1: Any, arg2: Any, db: Any, source: Any) -> int:
+        """The session guard, plus a record of whether anything but reading happened."""
+        verdict = authorizer(action, arg1, arg2, db, source)
+        if action in _READ_ACTIONS:
+            return verdict
+        if action == sqlite3.SQLITE_FUNCTION:
+            if (arg2 or "").lower() in _VOLATILE_FUNCTIONS:
+                self._touched = self.volatile = True
+            return verdict
+        if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in _PRELUDE_PRAGMAS:
+            return verdict
+        self._touched = True
+        return verdict
+
+    def fresh_state(self, session: Session) -> None:
+        """A new phase's session: watch its connection, and trust the memo again."""
+        self.session = session
+        session.conn.set_authorizer(self.authorizer)
+        self.dirty = self.volatile = False
+
+    def after_preprocess(self) -> None:
+        """``preprocess_sql`` ran: its writes are part of the state both phases start from."""
+        # Unless it was volatile (random data, 'now'...): then the two phases may not start
+        # equal, and nothing is memoised for this instance.
+        if self.volatile:
+            self.memo_enabled = False
+        self.dirty = False
 
     def _statement_deadline(self) -> float:
         if self.statement_timeout is None:
@@ -283,10 +336,25 @@ class _Runner:
         if conn is None:
             assert self.session is not None
             conn = self.session.connect()
+            conn.set_authorizer(self.authorizer)
             self.extra_connections.append(conn)
-        rows, _, _ = run_statement(
-            conn, query, max_rows=MAX_ROWS, deadline=self._statement_deadline()
-        )
+        usable = self.memo_enabled and not self.dirty and not conn.in_transaction
+        if usable and query in self.memo:
+            return list(self.memo[query]), conn
+        self._touched = False
+        try:
+            rows, _, _ = run_statement(
+                conn, query, max_rows=MAX_ROWS, deadline=self._statement_deadline()
+            )
+        except BaseException:
+            self.dirty = self.dirty or self._touched
+            raise
+        if _VOLATILE_TEXT.search(query):
+            self.volatile = True
+        if self._touched or self.volatile:
+            self.dirty = True
+        elif usable and rows is not None:
+            self.memo[query] = list(rows)
         return rows, conn
 
     def execute_queries(
@@ -529,16 +597,18 @@ def judge(
         issue_phase = None
         if task.issue_sql:
             with pool.session(task, preprocess=False, limits=JUDGE_LIMITS) as session:
-                runner.session = session
+                runner.fresh_state(session)
                 runner.execute_queries(task.preprocess_sql, session.db_path, session.conn)
+                runner.after_preprocess()
                 issue_phase = runner.evaluation_phase(list(task.issue_sql), task, tests)
                 runner.close_extra_connections()
             verdict.timings["issue"] = time.perf_counter() - started
             verdict.issue_passed = issue_phase.clean
         mark = time.perf_counter()
         with pool.session(task, preprocess=False, limits=JUDGE_LIMITS) as session:
-            runner.session = session
+            runner.fresh_state(session)
             runner.execute_queries(task.preprocess_sql, session.db_path, session.conn)
+            runner.after_preprocess()
             phase = runner.evaluation_phase(statements, task, tests)
             if task.clean_up_sql:
                 runner.execute_queries(task.clean_up_sql, session.db_path, session.conn)
