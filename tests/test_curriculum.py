@@ -96,6 +96,30 @@ def test_rerun_resumes_without_training_again(smoke_run: Path, capsys) -> None:
     assert out.count("already complete") == 4
 
 
+def test_report_includes_a_scripted_evaluation(smoke_run: Path, capsys) -> None:
+    out = smoke_run / "eval" / "scripted"
+    assert (
+        main(["eval", "--policy", "scripted", "--limit", "6", "--num-envs", "2", "--out", str(out)])
+        == 0
+    )
+    assert main(["report", str(smoke_run)]) == 0
+    html = (smoke_run / "report" / "report.html").read_text()
+    assert "<code>scripted</code>" in html and "<code>after_stage4</code>" in html
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "trajectories",
+                str(smoke_run),
+                "--sql",
+                "SELECT run, count(DISTINCT episode) FROM trajectories WHERE stage = 'eval' GROUP BY 1 ORDER BY 1",
+            ]
+        )
+        == 0
+    )
+    assert "scripted\t6" in capsys.readouterr().out
+
+
 def test_report_has_its_plots(smoke_run: Path) -> None:
     html = (smoke_run / "report" / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 5
