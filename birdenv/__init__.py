@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 __all__ = ["ENV_IDS", "BirdEnvError", "Task", "__version__", "load_tasks"]
 
 #: Every environment id this package registers.
-ENV_IDS = ("BirdCritic-SQLite-v0",)
+ENV_IDS = ("BirdCritic-SQLite-v0", "BirdSQL-SQLite-v0")
 
 
 def _register() -> None:
@@ -29,6 +29,12 @@ def _register() -> None:
             id="BirdCritic-SQLite-v0",
             entry_point="birdenv.envs.critic:BirdCriticEnv",
             vector_entry_point="birdenv.vector:make_vec",
+            max_episode_steps=5,
+        )
+    if "BirdSQL-SQLite-v0" not in registry:
+        register(
+            id="BirdSQL-SQLite-v0",
+            entry_point="birdenv.envs.bird_sql:BirdSQLEnv",
             max_episode_steps=5,
         )
 

@@ -1,0 +1,413 @@
+"""BIRD text-to-SQL tasks, and BIRD's execution accuracy (EX) on the judge's execution path.
+
+A task row carries the official BIRD fields: ``question_id`` (int), ``db_id``, ``question``,
+``evidence`` (may be ``""``), ``SQL`` (the gold query) and ``difficulty`` (``simple``,
+``moderate`` or ``challenging``; optional, since the official train set has none). Files are JSONL
+(one object a line) or, as the official ``dev.json`` and ``mini_dev_sqlite.json`` are, one JSON
+array. Databases follow the official layout ``{db_root}/{db_id}/{db_id}.sqlite``; the bundled
+suites ``bird-mini-train`` and ``bird-mini-eval`` (questions in ``suites/bird/{db_id}.jsonl`` with
+a ``split`` field) run on the bundled databases, named ``{db_id}_template.sqlite``.
+
+:func:`execution_accuracy` is BIRD's official rule: the prediction and the gold run on the same
+fresh state, prediction first, and the answer is correct when ``set(rows)`` are equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from birdenv.errors import BirdEnvError, DatabaseNotFoundError, TaskFormatError, UnknownSuiteError
+from birdenv.judge import JUDGE_LIMITS
+from birdenv.replicas.pool import ReplicaPool, default_pool
+from birdenv.replicas.session import Session, StatementTimeout, run_statement
+
+__all__ = [
+    "BIRD_SUITES",
+    "DIFFICULTIES",
+    "EX_MAX_ROWS",
+    "BirdTask",
+    "ExVerdict",
+    "execution_accuracy",
+    "iter_bird",
+    "load_bird",
+    "parse_bird_task",
+    "validate_bird",
+]
+
+#: BIRD's three difficulty levels.
+DIFFICULTIES = ("simple", "moderate", "challenging")
+#: The bundled BIRD suites and the ``split`` value each one keeps.
+BIRD_SUITES = {"bird-mini-train": "train", "bird-mini-eval": "eval"}
+#: Rows fetched per query when judging. The official ``fetchall()`` has no cap; a result longer
+#: than this is not compared (memory) and scores 0, with an error saying so.
+EX_MAX_ROWS = 1_000_000
+
+_BUNDLED_DIR = Path(__file__).with_name("suites") / "bird"
+_SPLITS = ("train", "eval")
+
+
+def _database_file(db_root: Path, db_id: str) -> Path | None:
+    for name in (f"{db_id}.sqlite", f"{db_id}_template.sqlite"):
+        path = db_root / db_id / name
+        if path.is_file():
+            return path
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class BirdTask:
+    """One BIRD question: a database, a natural-language question, its evidence and the gold SQL.
+
+    ``db_dir`` is not part of the official row: it is the database root set by :func:`load_bird`.
+    """
+
+    question_id: int
+    db_id: str
+    question: str
+    SQL: str
+    evidence: str = ""
+    difficulty: str = ""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+    db_dir: Path | None = dataclasses.field(default=None, compare=False)
+
+    @property
+    def instance_id(self) -> str:
+        """The question id as a string (what environments report as ``task_id``)."""
+        return str(self.question_id)
+
+    @property
+    def db_path(self) -> Path:
+        """The database: ``{db_dir}/{db_id}/{db_id}.sqlite``, else ``{db_id}_template.sqlite``.
+
+        Raises :class:`DatabaseNotFoundError` when neither exists.
+        """
+        if self.db_dir is None:
+            raise DatabaseNotFoundError(
+                f"question {self.question_id} has no database root: "
+                "load it with load_bird(path, db_root=...) or use a bundled suite"
+            )
+        path = _database_file(Path(self.db_dir), self.db_id)
+        if path is None:
+            raise DatabaseNotFoundError(
+                f"database {self.db_id!r} of question {self.question_id} not found under "
+                f"{Path(self.db_dir) / self.db_id} (expected {self.db_id}.sqlite, the official "
+                f"BIRD layout {{db_root}}/{{db_id}}/{{db_id}}.sqlite, or {self.db_id}_template.sqlite)"
+            )
+        return path
+
+    def to_dict(self) -> dict[str, Any]:
+        """The task as an official BIRD row."""
+        row = {
+            "question_id": self.question_id,
+            "db_id": self.db_id,
+            "question": self.question,
+            "evidence": self.evidence,
+            "SQL": self.SQL,
+        }
+        if self.difficulty:
+            row["difficulty"] = self.difficulty
+        return {**self.extra, **row}
+
+
+def parse_bird_task(
+    row: Any, *, source: str = "<row>", line: int = 0, db_root: str | Path | None = None
+) -> BirdTask:
+    """Build a :class:`BirdTask` from one decoded row, naming ``source:line`` and the field on error."""
+    where = f"{source}:{line}" if line else source
+
+    def fail(field: str, why: str) -> TaskFormatError:
+        return TaskFormatError(f"{where}: field {field!r}: {why}")
+
+    if not isinstance(row, dict):
+        raise TaskFormatError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    data = dict(row)
+    question_id = data.pop("question_id", None)
+    if isinstance(question_id, bool) or not isinstance(question_id, int):
+        raise fail("question_id", "missing or not an integer")
+    db_id = data.pop("db_id", None)
+    if not isinstance(db_id, str) or not db_id:
+        raise fail("db_id", "missing or not a non-empty string")
+    if "/" in db_id or "\\" in db_id or db_id in (".", ".."):
+        raise fail("db_id", f"not a plain database name: {db_id!r}")
+    texts: dict[str, str] = {}
+    for field, required in (("question", True), ("SQL", True), ("evidence", False)):
+        value = data.pop(field, None)
+        if value is None and not required:
+            value = ""
+        if not isinstance(value, str) or (required and not value.strip()):
+            raise fail(field, "missing or not a non-empty string" if required else "not a string")
+        texts[field] = value
+    difficulty = data.pop("difficulty", None) or ""
+    if difficulty and difficulty not in DIFFICULTIES:
+        raise fail("difficulty", f"must be one of {list(DIFFICULTIES)}, got {difficulty!r}")
+    return BirdTask(
+        question_id=question_id,
+        db_id=db_id,
+        question=texts["question"],
+        SQL=texts["SQL"],
+        evidence=texts["evidence"],
+        difficulty=difficulty,
+        extra=data,
+        db_dir=Path(db_root) if db_root is not None else None,
+    )
+
+
+def _rows(path: Path) -> Iterator[tuple[int, Any] | TaskFormatError]:
+    """``(line, row)`` of a JSONL file, or ``(item, row)`` of a JSON array file."""
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            yield TaskFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})")
+            return
+        yield from enumerate(items, start=1)
+        return
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield TaskFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})")
+
+
+def iter_bird(
+    path: str | Path, *, db_root: str | Path | None = None, split: str | None = None
+) -> Iterator[BirdTask | TaskFormatError]:
+    """Each row of a BIRD file as a :class:`BirdTask`, or the :class:`TaskFormatError` it raised.
+
+    With ``split``, rows must carry ``"split": "train" | "eval"`` (the bundled files do) and only
+    those of that split are yielded; the ``split`` field is not kept.
+    """
+    path = Path(path)
+    for item in _rows(path):
+        if isinstance(item, TaskFormatError):
+            yield item
+            continue
+        lineno, row = item
+        if split is not None and isinstance(row, dict):
+            row = dict(row)
+            value = row.pop("split", None)
+            if value not in _SPLITS:
+                yield TaskFormatError(
+                    f"{path}:{lineno}: field 'split': must be one of {list(_SPLITS)}, got {value!r}"
+                )
+                continue
+            if value != split:
+                continue
+        try:
+            yield parse_bird_task(row, source=str(path), line=lineno, db_root=db_root)
+        except TaskFormatError as exc:
+            yield exc
+
+
+def load_bird(source: str | Path, *, db_root: str | Path | None = None) -> list[BirdTask]:
+    """Load BIRD questions from a bundled suite's name or from an official JSONL / JSON file.
+
+    ``"bird-mini-train"`` and ``"bird-mini-eval"`` read the bundled question files and use the
+    bundled databases (built on first use) unless ``db_root`` is given. For a file, ``db_root`` is
+    the folder holding ``{db_id}/{db_id}.sqlite``. The first malformed row raises
+    :class:`TaskFormatError` naming the file, the line and the field; so does a repeated
+    ``question_id``.
+    """
+    if isinstance(source, str) and source in BIRD_SUITES:
+        if db_root is None:
+            from birdenv import suites  # builds the bundled databases on first use
+
+            db_root = suites.ensure().db_dir
+        paths = sorted(_BUNDLED_DIR.glob("*.jsonl"))
+        split: str | None = BIRD_SUITES[source]
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise UnknownSuiteError(
+                f"{str(source)!r} is neither a bundled BIRD suite ({', '.join(BIRD_SUITES)}) "
+                "nor a file"
+            )
+        paths, split = [path], None
+    tasks: list[BirdTask] = []
+    seen: dict[int, str] = {}
+    for path in paths:
+        for item in iter_bird(path, db_root=db_root, split=split):
+            if isinstance(item, TaskFormatError):
+                raise item
+            if item.question_id in seen:
+                raise TaskFormatError(
+                    f"{path}: field 'question_id': {item.question_id} appears twice "
+                    f"(first in {seen[item.question_id]})"
+                )
+            seen[item.question_id] = str(path)
+            tasks.append(item)
+    return tasks
+
+
+# -- execution accuracy -----------------------------------------------------------------------
+@dataclasses.dataclass
+class ExVerdict:
+    """BIRD's execution-accuracy decision on one prediction.
+
+    ``correct`` is the EX score as a bool. ``phase`` says why it is not: ``"prediction"`` (the
+    prediction raised), ``"timeout"`` (a statement passed its deadline), ``"mismatch"`` (the row
+    sets differ), ``"gold"`` (the gold query raised or was too long; a verdict, not a pass) or
+    ``"setup"`` (the database could not be opened). ``pred_rows``/``gold_rows`` count the rows
+    fetched (``None`` when that query did not complete). ``status``, ``passed``,
+    ``tests_passed``/``tests_total`` and ``fraction`` read like :class:`birdenv.judge.Verdict`'s,
+    so one formatter and one reward path serve both.
+    """
+
+    instance_id: str
+    correct: bool
+    phase: str | None = None
+    error: str | None = None
+    pred_rows: int | None = None
+    gold_rows: int | None = None
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        """``"success"`` or ``"failed"``, like a judge verdict."""
+        return "success" if self.correct else "failed"
+
+    @property
+    def passed(self) -> bool:
+        """The same as ``correct``."""
+        return self.correct
+
+    @property
+    def tests_passed(self) -> int:
+        """1 when correct: EX is a single test."""
+        return int(self.correct)
+
+    @property
+    def tests_total(self) -> int:
+        """Always 1: EX is a single test."""
+        return 1
+
+    @property
+    def fraction(self) -> float:
+        """The EX score as a float."""
+        return float(self.correct)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict as a JSON-ready dict, ``status`` included."""
+        return {**dataclasses.asdict(self), "status": self.status}
+
+
+class _TooLong(Exception):
+    """A result had more rows than :data:`EX_MAX_ROWS`."""
+
+
+def _fetch_set(session: Session, sql: str, statement_timeout: float | None) -> tuple[set, int]:
+    deadline = time.monotonic() + statement_timeout if statement_timeout is not None else None
+    rows, _, truncated = run_statement(
+        session.conn,
+        sql,
+        max_rows=EX_MAX_ROWS,
+        max_other_rows=EX_MAX_ROWS,
+        deadline=deadline,
+    )
+    if truncated:
+        raise _TooLong(f"more than {EX_MAX_ROWS:,} rows: not compared")
+    rows = rows or []
+    return set(rows), len(rows)
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, sqlite3.Error) else str(exc)
+
+
+def execution_accuracy(
+    task: BirdTask,
+    pred_sql: str,
+    *,
+    pool: ReplicaPool | None = None,
+    statement_timeout: float | None = 30.0,
+) -> ExVerdict:
+    """BIRD's execution accuracy of ``pred_sql`` for ``task``, as the official evaluator scores it.
+
+    On one fresh state of the task's database, the prediction runs and then the gold, each with
+    :func:`birdenv.replicas.session.run_statement` (the judge's execution path, so the prediction
+    sees exactly what the gold sees; like the official code, a prediction that writes changes
+    what the gold then reads). The prediction is correct when ``set(pred_rows) == set(gold_rows)``:
+    row order and duplicates are ignored, values are compared exactly (``1 == 1.0``, no rounding,
+    ``'a' != 'A'``), columns keep their order and count. A prediction that raises, holds two
+    statements or runs past ``statement_timeout`` seconds scores 0; so does every prediction when
+    the gold itself fails. Problems are verdicts, never exceptions.
+    """
+    pool = pool or default_pool()
+    verdict = ExVerdict(instance_id=task.instance_id, correct=False)
+    started = time.perf_counter()
+    try:
+        base = pool.store.base_for(task.db_path)
+        session = pool.open_base(base, task_id=task.instance_id, limits=JUDGE_LIMITS)
+    except (BirdEnvError, sqlite3.Error, OSError) as exc:
+        verdict.phase, verdict.error = "setup", f"{type(exc).__name__}: {exc}"
+        verdict.timings["total"] = time.perf_counter() - started
+        return verdict
+    with session:
+        mark = time.perf_counter()
+        try:
+            pred, verdict.pred_rows = _fetch_set(session, pred_sql, statement_timeout)
+        except StatementTimeout:
+            verdict.phase = "timeout"
+            verdict.error = f"prediction timed out after {statement_timeout:g} s"
+        except (sqlite3.Error, ValueError, OverflowError, MemoryError, _TooLong) as exc:
+            verdict.phase, verdict.error = "prediction", f"prediction: {_error_text(exc)}"
+        verdict.timings["prediction"] = time.perf_counter() - mark
+        if verdict.phase is None:
+            mark = time.perf_counter()
+            try:
+                gold, verdict.gold_rows = _fetch_set(session, task.SQL, statement_timeout)
+            except StatementTimeout:
+                verdict.phase = "timeout"
+                verdict.error = f"gold SQL timed out after {statement_timeout:g} s"
+            except (sqlite3.Error, ValueError, OverflowError, MemoryError, _TooLong) as exc:
+                verdict.phase, verdict.error = "gold", f"gold SQL: {_error_text(exc)}"
+            verdict.timings["gold"] = time.perf_counter() - mark
+    if verdict.phase is None:
+        verdict.correct = pred == gold
+        if not verdict.correct:
+            verdict.phase = "mismatch"
+            verdict.error = (
+                f"the result differs from the gold result ({verdict.pred_rows} rows vs "
+                f"{verdict.gold_rows}, compared as sets of rows)"
+            )
+    verdict.timings["total"] = time.perf_counter() - started
+    return verdict
+
+
+def validate_bird(
+    tasks: list[BirdTask],
+    *,
+    pool: ReplicaPool | None = None,
+    statement_timeout: float | None = 30.0,
+    max_seconds: float | None = None,
+) -> list[str]:
+    """Problems of a BIRD task set, one line each (empty when it is sound).
+
+    Every gold SQL must run without error on its database and return at least one row; with
+    ``max_seconds``, a gold slower than that is a problem too. Uses :func:`execution_accuracy`
+    (the gold judged against itself), so validation runs exactly what scoring runs.
+    """
+    problems = []
+    for task in tasks:
+        where = f"question {task.question_id} ({task.db_id})"
+        verdict = execution_accuracy(task, task.SQL, pool=pool, statement_timeout=statement_timeout)
+        if verdict.phase == "setup":
+            problems.append(f"{where}: {verdict.error}")
+        elif not verdict.correct:
+            problems.append(f"{where}: the gold SQL fails: {verdict.error}")
+        elif not verdict.gold_rows:
+            problems.append(f"{where}: the gold SQL returns no rows")
+        elif max_seconds is not None and verdict.timings.get("gold", 0.0) > max_seconds:
+            problems.append(
+                f"{where}: the gold SQL takes {verdict.timings['gold']:.2f} s (> {max_seconds:g} s)"
+            )
+    return problems
