@@ -108,6 +108,17 @@ def _cmd_data_validate(args: argparse.Namespace) -> int:
     """
     from birdenv.judge import judge_many
 
+    if args.bird:
+        from birdenv.bird import load_bird, validate_bird
+
+        questions = load_bird(args.bird, db_root=args.db_root)
+        problems = validate_bird(questions, max_seconds=1.0)
+        for line in problems:
+            print(line)
+        print(
+            f"{len(questions) - len(problems)}/{len(questions)} questions valid (gold runs, non-empty, < 1 s)"
+        )
+        return 1 if problems else 0
     tasks = _select_tasks(args)
     verdicts = _progress(
         judge_many(((t, t.sol_sql) for t in tasks), processes=args.jobs), len(tasks), "validating"
@@ -324,6 +335,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "validate", help="judge every task's gold (must pass) and issue SQL (must fail)"
     )
     _add_task_source(validate)
+    validate.add_argument(
+        "--bird",
+        metavar="NAME_OR_PATH",
+        help="validate BIRD questions instead: bird-mini-train, bird-mini-eval or a file",
+    )
+    validate.add_argument(
+        "--db-root", help="folder holding {db_id}/{db_id}.sqlite (with --bird FILE)"
+    )
     validate.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     validate.set_defaults(func=_cmd_data_validate)
 

@@ -90,3 +90,8 @@ def test_missing_prediction_file_and_doctor() -> None:
     assert proc.returncode == 2 and "no such file" in proc.stderr
     doctor = run_cli("doctor")
     assert doctor.returncode == 0 and "strategy" in doctor.stdout
+
+
+def test_validate_bird_questions(capsys) -> None:
+    assert main(["data", "validate", "--bird", "bird-mini-eval"]) == 0
+    assert "51/51 questions valid" in capsys.readouterr().out
