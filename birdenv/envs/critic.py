@@ -2,58 +2,18 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-import gymnasium as gym
-from gymnasium import spaces
-
+from birdenv.envs.base import CHARSET, MAX_TEXT, ToolEnv, UnicodeText
 from birdenv.judge import Verdict, judge
-from birdenv.replicas.pool import ReplicaPool, default_pool
-from birdenv.replicas.session import Limits, Session
+from birdenv.replicas.pool import ReplicaPool
+from birdenv.replicas.session import Session
 from birdenv.schema import render_schema
 from birdenv.tasks import Task, load_tasks
-from birdenv.tools import (
-    TOOL_INSTRUCTIONS,
-    TOOL_SCHEMAS,
-    ToolCallError,
-    format_observation,
-    format_verdict,
-    parse_tool_call,
-)
+from birdenv.tools import TOOL_INSTRUCTIONS
 
 __all__ = ["CHARSET", "MAX_TEXT", "BirdCriticEnv", "UnicodeText", "render_prompt"]
-
-#: Characters a text observation or action may hold: the Basic Multilingual Plane without
-#: surrogates. Anything else (emoji, other planes) is replaced by U+FFFD in observations.
-CHARSET = frozenset(chr(c) for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF)
-#: Longest observation or action, in characters.
-MAX_TEXT = 1 << 20
-_REWARDS = ("binary", "fraction")
-
-
-@functools.cache
-def _charset_tables() -> tuple[Any, ...]:
-    # Built once per process (~40 ms) and shared, read-only, by every UnicodeText.
-    text = spaces.Text(max_length=1, charset=CHARSET)
-    return text._char_set, text._char_list, text._char_index, text._char_str
-
-
-class UnicodeText(spaces.Text):
-    """``spaces.Text`` over :data:`CHARSET` whose copies cost microseconds, not a second.
-
-    Gymnasium deep-copies each sub-environment's spaces to batch them and pickles them to every
-    ``AsyncVectorEnv`` worker; a plain ``Text`` over 63,488 characters (a dict of numpy scalars)
-    took 0.3-1 s per copy, 9-30 s to start 8 workers. Equal to ``Text(max_length, charset=CHARSET)``.
-    """
-
-    def __init__(self, max_length: int = MAX_TEXT, *, seed: int | None = None) -> None:
-        super().__init__(max_length=max_length, min_length=0, charset="0", seed=seed)
-        self._char_set, self._char_list, self._char_index, self._char_str = _charset_tables()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.max_length,), {"_np_random": self._np_random})
 
 
 _PROMPT = """You are a SQL assistant. Your task is to understand the user's issue and fix their problematic SQL, given the database schema. You can explore the database before you answer.
@@ -80,11 +40,7 @@ def render_prompt(task: Task) -> str:
     )
 
 
-def _in_charset(text: str) -> str:
-    return "".join(c if c in CHARSET else "\ufffd" for c in text) if not text.isascii() else text
-
-
-class BirdCriticEnv(gym.Env[str, str]):
+class BirdCriticEnv(ToolEnv):
     """
     ## Description
     A user posts an issue and the SQL that misbehaves; the agent explores their SQLite database with
@@ -139,8 +95,6 @@ class BirdCriticEnv(gym.Env[str, str]):
     - v0: initial release.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
-
     def __init__(
         self,
         suite: str | None = None,
@@ -155,128 +109,40 @@ class BirdCriticEnv(gym.Env[str, str]):
         max_result_bytes: int = 4 << 20,
         render_mode: str | None = None,
     ) -> None:
-        if reward not in _REWARDS:
-            raise ValueError(f"reward must be one of {_REWARDS}, got {reward!r}")
         if suite is not None and tasks is not None:
             raise ValueError("give either suite= or tasks= (with db_dir=), not both")
-        if isinstance(tasks, list):
-            self.tasks = list(tasks)
-        else:
-            self.tasks = load_tasks(
+        if not isinstance(tasks, list):
+            tasks = load_tasks(
                 tasks if tasks is not None else (suite or "critic-mini"), db_dir=db_dir
             )
-        if not self.tasks:
-            raise ValueError("the task set is empty")
-        self._by_id = {t.instance_id: t for t in self.tasks}
-        self.reward_mode = reward
-        self.render_mode = render_mode
-        self._pool = pool
-        self._pool_options = pool_options
-        self._owns_pool = False
-        self.limits = Limits(
+        super().__init__(
+            tasks,
+            reward=reward,
+            pool=pool,
+            pool_options=pool_options,
             statement_timeout=statement_timeout,
             max_rows=max_rows,
             max_result_bytes=max_result_bytes,
+            render_mode=render_mode,
         )
-        self.observation_space = UnicodeText(MAX_TEXT)
-        self.action_space = UnicodeText(MAX_TEXT)
         self.task: Task | None = None
-        self.session: Session | None = None
-        self.messages: list[dict[str, str]] = []
         self.verdict: Verdict | None = None
 
-    @property
-    def pool(self) -> ReplicaPool:
-        """The replica pool sessions are leased from (created lazily, inside worker processes)."""
-        if self._pool is None:
-            if self._pool_options:
-                self._pool, self._owns_pool = ReplicaPool(**self._pool_options), True
-            else:
-                self._pool = default_pool()
-        return self._pool
+    def prompt(self, task: Task) -> str:
+        """The task's prompt: :func:`render_prompt`."""
+        return render_prompt(task)
 
-    def _info(self) -> dict[str, Any]:
-        assert self.task is not None
-        return {
-            "task_id": self.task.instance_id,
-            "db_id": self.task.db_id,
-            "category": self.task.category,
-            "messages": [dict(m) for m in self.messages],
-            "tools": TOOL_SCHEMAS,
-        }
+    def category(self, task: Task) -> str:
+        """Query, Management or Personalization."""
+        return task.category
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        """Start an episode on a task (random, or ``options["task_id"]``) with a fresh session."""
-        super().reset(seed=seed)
-        self._release()
-        task_id = (options or {}).get("task_id")
-        if task_id is not None:
-            if task_id not in self._by_id:
-                raise KeyError(f"unknown task_id {task_id!r}")
-            self.task = self._by_id[task_id]
-        else:
-            self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        # The trajectory is the only user of its session (submissions are judged on fresh ones).
-        self.session = self.pool.session(self.task, limits=self.limits, exclusive=True)
-        self.verdict = None
-        prompt = _in_charset(render_prompt(self.task))
-        self.messages = [{"role": "user", "content": prompt}]
-        return prompt, self._info()
+    def lease(self, task: Task) -> Session:
+        """A fresh session with ``preprocess_sql`` applied, for this trajectory alone."""
+        return self.pool.session(task, limits=self.limits, exclusive=True)
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """Run the turn's tool call: explore with ``execute_sql`` or end with ``submit_solution``."""
-        if self.task is None or self.session is None:
-            raise gym.error.ResetNeeded("call reset() before step() (the episode has ended)")
-        action = str(action)
-        self.messages.append({"role": "assistant", "content": action})
-        reward, terminated = 0.0, False
-        try:
-            call = parse_tool_call(action)
-        except ToolCallError as exc:
-            observation = f"status: error\nerror: {exc}"
-        else:
-            if call.name == "execute_sql":
-                observation = format_observation(self.session.execute(call.arguments["sql"]))
-            else:
-                # Judged on fresh states, never on this trajectory's mutated one.
-                self.verdict = judge(
-                    self.task,
-                    call.arguments["sql_list"],
-                    pool=self.pool,
-                    statement_timeout=self.limits.statement_timeout,
-                )
-                reward = (
-                    float(self.verdict.passed)
-                    if self.reward_mode == "binary"
-                    else self.verdict.fraction
-                )
-                observation = format_verdict(self.verdict)
-                terminated = True
-        observation = _in_charset(observation)
-        self.messages.append({"role": "tool", "content": observation})
-        info = self._info()
-        if terminated:
-            info["verdict"] = self.verdict.to_dict()
-            self._release()
-        return observation, reward, terminated, False, info
-
-    def render(self) -> str | None:
-        """The conversation so far as text (``render_mode="ansi"``)."""
-        if self.render_mode != "ansi":
-            return None
-        return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in self.messages)
-
-    def _release(self) -> None:
-        if self.session is not None:
-            self.session.close()
-            self.session = None
-
-    def close(self) -> None:
-        """Release the session, and the pool if this env built it (safe to call twice)."""
-        self._release()
-        if self._owns_pool and self._pool is not None:
-            self._pool.close()
-            self._pool, self._owns_pool = None, False
-        super().close()
+    def judge_submission(self, sql_list: list[str]) -> tuple[Verdict, float]:
+        """The official verdict, under the env's statement deadline."""
+        verdict = judge(
+            self.task, sql_list, pool=self.pool, statement_timeout=self.limits.statement_timeout
+        )
+        return verdict, float(verdict.passed) if self.reward_mode == "binary" else verdict.fraction
