@@ -78,12 +78,22 @@ def build_tiny_model(
     vocab_size: int = 640,
     corpus: list[str] | None = None,
     hidden_size: int = 64,
+    local_window: int | None = 8,
     seed: int = 0,
 ) -> Path:
     """Build and save a tiny random Qwen3 causal LM with a real tokenizer at ``path``.
 
     Two layers of width ``hidden_size`` (64: well under 1 MB): enough for TRL to run SFT and GRPO
     in seconds. ``corpus`` adds text the tokenizer learns its merges from.
+
+    The first layer attends only to the last ``local_window`` tokens (Qwen3's sliding-window
+    attention), the second to the whole context. Why: with two full-attention layers over a
+    ~2k-token prompt, a random model's attention is spread over every token, and a few dozen SFT
+    steps only learn *bigram* statistics: after ``<|im_start|>assistant\n`` the model predicts what
+    most often follows ``\n`` (another ``\n``) instead of ``<think>``, so it never opens a tool call
+    (measured: token accuracy stuck at 0.83, greedy output only newlines). A short local window
+    makes "what came just before" learnable in ~10 steps (token accuracy 1.0). ``None``: both
+    layers attend globally.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -120,6 +130,16 @@ def build_tiny_model(
         head_dim=hidden_size // 4,
         max_position_embeddings=32768,
         tie_word_embeddings=True,
+        **(
+            {
+                "use_sliding_window": True,
+                "sliding_window": local_window,
+                "max_window_layers": 0,
+                "layer_types": ["sliding_attention", "full_attention"],
+            }
+            if local_window
+            else {}
+        ),
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
     )
@@ -169,7 +189,8 @@ def resolve_model(name_or_path: str, *, cache: str | Path | None = None) -> str:
 
     cache = Path(cache) if cache is not None else home() / "models"
     if name_or_path == "tiny":
-        target = cache / "tiny-qwen3-v2"
+        # v3: a local-attention first layer (see build_tiny_model); older builds are not reused.
+        target = cache / "tiny-qwen3-v3"
         if not (target / "config.json").is_file():
             build_tiny_model(target, vocab_size=4096, corpus=prompt_corpus(), hidden_size=96)
         return str(target)
