@@ -82,7 +82,8 @@ def _threaded_episodes(jobs: list[tuple[Task, int]], num_envs: int, play: Any) -
         try:
             for task, sample in chunk:
                 started = time.perf_counter()
-                info, reward, gen_s = play(env, task)
+                statement_s: list[float | None] = []
+                info, reward, gen_s = play(env, task, statement_s)
                 out.append(
                     {
                         "task": task,
@@ -92,6 +93,7 @@ def _threaded_episodes(jobs: list[tuple[Task, int]], num_envs: int, play: Any) -
                         "verdict": info.get("verdict"),
                         "env_s": time.perf_counter() - started - gen_s,
                         "gen_s": gen_s,
+                        "statement_s": statement_s,
                     }
                 )
         finally:
@@ -113,7 +115,7 @@ def _reference_episodes(
     from birdtrain.data.evidence import gather_evidence
     from birdtrain.data.trajectories import OfflineExpert
 
-    def play(env: Any, task: Task) -> tuple[dict, float, float]:
+    def play(env: Any, task: Task, statement_s: list) -> tuple[dict, float, float]:
         if policy == "scripted":
             act = OfflineExpert(task, gather_evidence(task, default_pool()), max_turns).act
         else:
@@ -123,6 +125,7 @@ def _reference_episodes(
         reward = 0.0
         for _ in range(max_turns):
             observation, reward, terminated, _, info = env.step(act(observation))
+            statement_s.append(info.get("elapsed"))
             if terminated:
                 break
         return info, reward, 0.0
@@ -145,7 +148,7 @@ def _endpoint_episodes(
     model, _, url = spec.removeprefix("endpoint:").partition("@")
     client = Teacher(url, model)
 
-    def play(env: Any, task: Task) -> tuple[dict, float, float]:
+    def play(env: Any, task: Task, statement_s: list) -> tuple[dict, float, float]:
         _, info = env.reset(options={"task_id": task.instance_id})
         reward, gen_s = 0.0, 0.0
         for _ in range(max_turns):
@@ -158,6 +161,7 @@ def _endpoint_episodes(
             )
             gen_s += time.perf_counter() - started
             _, reward, terminated, _, info = env.step(turn)
+            statement_s.append(info.get("elapsed"))
             if terminated:
                 break
         return info, reward, gen_s
@@ -211,6 +215,7 @@ def _model_episodes(
             "env_s": r.env_s,
             "gen_s": r.generation_s,
             "tokens": sum(len(s.ids) for s in r.segments if s.generated),
+            "statement_s": r.statement_s,
             "error": r.error,
         }
         for r in rollouts
@@ -395,6 +400,7 @@ def evaluate_policy(
                 verdict=(e["verdict"] or {}).get("status"),
                 run=label,
                 stage="eval",
+                env_seconds=e.get("statement_s"),
             )
         )
     else:

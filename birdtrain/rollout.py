@@ -101,6 +101,7 @@ class Trajectory:
     error: str | None = None
     generation_s: float = 0.0
     env_s: float = 0.0
+    statement_s: list[float | None] = dataclasses.field(default_factory=list)
 
     @property
     def completion_ids(self) -> list[int]:
@@ -517,6 +518,7 @@ def collect(
                 finish(slot)
                 continue
             traj.messages = [dict(m) for m in messages]
+            traj.statement_s.append(info.get("elapsed"))  # None unless the turn ran a statement
             slot.action = None
             if ended:
                 traj.reward = float(rewards[i])

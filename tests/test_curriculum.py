@@ -118,6 +118,8 @@ def test_report_includes_a_scripted_evaluation(smoke_run: Path, capsys) -> None:
         == 0
     )
     assert "scripted\t6" in capsys.readouterr().out
+    # every explored statement's own time is in the store, so the report lists the slowest ones
+    assert "Slowest SQL statements</h2><table>" in html
 
 
 def test_report_has_its_plots(smoke_run: Path) -> None:

@@ -169,14 +169,15 @@ class ToolEnv(gym.Env[str, str]):
             raise gym.error.ResetNeeded("call reset() before step() (the episode has ended)")
         action = str(action)
         self.messages.append({"role": "assistant", "content": action})
-        reward, terminated = 0.0, False
+        reward, terminated, elapsed = 0.0, False, None
         try:
             call = parse_tool_call(action)
         except ToolCallError as exc:
             observation = f"status: error\nerror: {exc}"
         else:
             if call.name == "execute_sql":
-                observation = format_observation(self.session.execute(call.arguments["sql"]))
+                result = self.session.execute(call.arguments["sql"])
+                observation, elapsed = format_observation(result), result.elapsed
             else:
                 # Judged on fresh states, never on this trajectory's mutated one.
                 self.verdict, reward = self.judge_submission(call.arguments["sql_list"])
@@ -185,6 +186,8 @@ class ToolEnv(gym.Env[str, str]):
         observation = in_charset(observation)
         self.messages.append({"role": "tool", "content": observation})
         info = self._info()
+        if elapsed is not None:
+            info["elapsed"] = elapsed  # the statement's own seconds (for stores and reports)
         if terminated:
             info["verdict"] = self.verdict.to_dict()
             self._release()

@@ -136,6 +136,7 @@ def make_rollout_func(
                     stage="stage4",
                     step=step,
                     tokens=[len(s.ids) for s in traj.segments if s.generated],
+                    env_seconds=traj.statement_s,
                 )
             )
         queues: dict[str, list[rollout.Trajectory]] = {t: [] for t in unique}
