@@ -2,7 +2,9 @@
 
 A single-turn prompt is one user message: the database schema (the benchmark's rendering, CREATE
 statements plus three rows per table), the user's issue, the problematic SQL, and the answer
-format. The answer is::
+format; for a BIRD question (:class:`birdenv.bird.BirdTask`), the schema, the question, its
+external knowledge and the same answer format, the last statement of the solution being the
+answer. The answer is::
 
     <thought>
     ...diagnosis...
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import re
 
+from birdenv.bird import BirdTask
 from birdenv.schema import render_schema
 from birdenv.tasks import Task
 
@@ -46,13 +49,36 @@ _PROMPT = """You are a SQL assistant. Your task is to understand the user's issu
 
 {instructions}"""
 
+_BIRD_PROMPT = """You are a SQL assistant. Your task is to answer the user's question with one SQLite query, given the database schema and the external knowledge.
+
+# Database Schema:
+{schema}
+
+# Question:
+{question}
+
+# External knowledge:
+{evidence}
+
+{instructions}"""
+
 _SOLUTION = re.compile(r"<solution>(.*?)(?:</solution>|\Z)", re.DOTALL)
 # ```sql ... ``` (the language tag is optional and case-insensitive: models write ```SQL too).
 _BLOCK = re.compile(r"```[ \t]*(?:sql|sqlite)?[ \t]*\n?(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
-def single_turn_prompt(task: Task) -> str:
-    """The user message of a single-turn task: schema, issue, problematic SQL, answer format."""
+def single_turn_prompt(task: Task | BirdTask) -> str:
+    """The user message of a single-turn task: schema, issue, problematic SQL, answer format.
+
+    For a BIRD question: schema, question, external knowledge ("(none)" when empty), answer format.
+    """
+    if isinstance(task, BirdTask):
+        return _BIRD_PROMPT.format(
+            schema=render_schema(task.db_path),
+            question=task.question,
+            evidence=task.evidence or "(none)",
+            instructions=ANSWER_INSTRUCTIONS,
+        )
     return _PROMPT.format(
         schema=render_schema(task.db_path),
         query=task.query,
