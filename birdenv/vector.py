@@ -1,4 +1,5 @@
-"""Vectorized ``BirdCritic-SQLite-v0``: N trajectories at once over one replica store.
+"""Vectorized ``BirdCritic-SQLite-v0`` and ``BirdSQL-SQLite-v0``: N trajectories at once over one
+replica store, of one task kind or of a weighted mixture of both.
 
 :func:`make_vec` builds N copies of the environment, in worker processes
 (:class:`gymnasium.vector.AsyncVectorEnv`) or in this one (:class:`gymnasium.vector.SyncVectorEnv`)::
@@ -24,6 +25,20 @@ default for ``vectorization_mode="async"``) Gymnasium 1.4 decodes the shared tex
 the vector env is built, and hands back that stale snapshot (1,048,576 NULs) as every
 observation afterwards, without an error.
 
+Mixtures of task kinds
+----------------------
+One vector env can hold debugging and text-to-SQL episodes at once. Every copy is then a
+:class:`MixedTaskEnv`: it owns one ``BirdCriticEnv`` and one ``BirdSQLEnv`` (or one env per named
+task source), routes ``reset(options={"task_id": ...})`` to the env that owns the task, and on a
+plain ``reset()`` draws the source by weight with its own ``np_random`` (seeded, reproducible).
+Observation and action spaces are the same text spaces as either env's, so a rollout loop cannot
+tell the difference::
+
+    envs = make_vec(8, mixture={"gym-mini": 0.7, "bird-mini-train": 0.3}, seed=0)
+    envs = make_vec(8, tasks=critic_tasks + bird_tasks)    # weights: the sources' sizes
+
+``info["source"]`` names the source of each episode.
+
 Autoreset: what a rollout loop must do
 --------------------------------------
 Gymnasium 1.x vector environments reset a finished copy on the **next** call to ``step``
@@ -46,26 +61,264 @@ observation and the verdict in ``infos["final_obs"]`` and ``infos["final_info"]`
 from __future__ import annotations
 
 import functools
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.utils import seeding
 
-__all__ = ["ENV_ID", "make_vec"]
+__all__ = [
+    "BIRD_ENV_ID",
+    "ENV_ID",
+    "KINDS",
+    "MixedTaskEnv",
+    "load_source",
+    "make_vec",
+    "task_category",
+    "task_kind",
+]
 
-#: The environment :func:`make_vec` vectorizes.
+#: The environment :func:`make_vec` vectorizes by default (debugging tasks).
 ENV_ID = "BirdCritic-SQLite-v0"
+#: The environment of BIRD text-to-SQL questions.
+BIRD_ENV_ID = "BirdSQL-SQLite-v0"
+#: Task kinds: ``"critic"`` (:class:`birdenv.tasks.Task`, debugging) and ``"bird"``
+#: (:class:`birdenv.bird.BirdTask`, text-to-SQL generation).
+KINDS = ("critic", "bird")
+# Steps per episode when the registration's TimeLimit is not there to say (MixedTaskEnv).
+_DEFAULT_MAX_STEPS = 5
 
 
-def _make_env(env_kwargs: dict[str, Any], seed: int | None) -> gym.Env:
-    """Build one copy; runs inside the worker process, so sessions and pools are opened there."""
-    env = gym.make(ENV_ID, **env_kwargs)
+def task_kind(task: Any) -> str:
+    """``"bird"`` for a :class:`~birdenv.bird.BirdTask`, ``"critic"`` for a :class:`~birdenv.tasks.Task`."""
+    from birdenv.bird import BirdTask
+    from birdenv.tasks import Task
+
+    if isinstance(task, BirdTask):
+        return "bird"
+    if isinstance(task, Task):
+        return "critic"
+    raise TypeError(f"not a task: {type(task).__name__} (expected Task or BirdTask)")
+
+
+def task_category(task: Any) -> str:
+    """What environments report as ``info["category"]``: the category, or a question's difficulty."""
+    return task.difficulty if task_kind(task) == "bird" else task.category
+
+
+def _is_bird_file(path: Path) -> bool:
+    """A BIRD file's first row has ``question_id`` and ``SQL``; a debugging task's does not."""
+    with path.open(encoding="utf-8") as fh:
+        head = fh.read(1 << 16).lstrip()
+    if head.startswith("["):
+        return '"question_id"' in head and '"SQL"' in head
+    first = head.split("\n", 1)[0]
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(row, dict) and "question_id" in row and "SQL" in row
+
+
+def load_source(source: str | Path, *, db_dir: str | Path | None = None) -> list[Any]:
+    """The tasks of one task source: a bundled suite name or a file, of either kind.
+
+    ``critic-mini``/``gym-mini`` (and any debugging JSONL) give tasks (:class:`~birdenv.tasks.Task`),
+    ``bird-mini-train``/``bird-mini-eval`` (and any file whose rows carry ``question_id`` and
+    ``SQL``, BIRD's format) give questions (:class:`~birdenv.bird.BirdTask`). ``db_dir`` is the database
+    folder of a file (``{db_id}/{db_id}_template.sqlite``, or BIRD's ``{db_id}/{db_id}.sqlite``).
+    """
+    from birdenv import suites
+    from birdenv.bird import BIRD_SUITES, load_bird
+    from birdenv.errors import UnknownSuiteError
+    from birdenv.tasks import load_tasks
+
+    if isinstance(source, str) and source in BIRD_SUITES:
+        return load_bird(source, db_root=db_dir)
+    if isinstance(source, str) and suites.is_suite(source):
+        return load_tasks(source, db_dir=db_dir)
+    path = Path(source)
+    if not path.is_file():
+        raise UnknownSuiteError(
+            f"{str(source)!r} is neither a bundled suite ({', '.join([*suites.names(), *BIRD_SUITES])}) "
+            "nor a file"
+        )
+    return (
+        load_bird(path, db_root=db_dir) if _is_bird_file(path) else load_tasks(path, db_dir=db_dir)
+    )
+
+
+class MixedTaskEnv(gym.Env[str, str]):
+    """One environment over several task sources, debugging and text-to-SQL alike.
+
+    Each source (a name and its tasks, or a suite name / file to load) gets its own environment of
+    its kind (``BirdCritic-SQLite-v0`` or ``BirdSQL-SQLite-v0``). ``reset(options={"task_id": id})``
+    starts an episode in the env that owns ``id``; a plain ``reset()`` draws a source with
+    probability proportional to its weight, using this env's ``np_random``, and the source's env
+    draws the task. ``step``, ``render`` and the spaces are the active env's (the same text spaces
+    for every kind). ``info["source"]`` names the episode's source. Task ids must be unique across
+    sources.
+
+    Args:
+        sources: Source name → a list of tasks, or a suite name / file for :func:`load_source`.
+        weights: Source name → sampling weight (non-negative, not all 0); default: each source's
+            number of tasks, i.e. uniform over all tasks.
+        db_dir: Database folder for sources given as files.
+        **env_kwargs: Passed to every source's env: ``reward``, ``pool``, ``pool_options``,
+            ``statement_timeout``, ``max_rows``, ``max_result_bytes``, ``render_mode``.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012
+
+    def __init__(
+        self,
+        sources: Mapping[str, Sequence[Any] | str | Path],
+        weights: Mapping[str, float] | None = None,
+        *,
+        db_dir: str | Path | None = None,
+        **env_kwargs: Any,
+    ) -> None:
+        from birdenv.envs.bird_sql import BirdSQLEnv
+        from birdenv.envs.critic import BirdCriticEnv
+
+        if not sources:
+            raise ValueError("a mixture needs at least one task source")
+        self.envs: dict[str, Any] = {}
+        self._owner: dict[str, str] = {}
+        sizes = {}
+        for name, source in sources.items():
+            tasks = (
+                load_source(source, db_dir=db_dir)
+                if isinstance(source, (str, Path))
+                else list(source)
+            )
+            if not tasks:
+                raise ValueError(f"task source {name!r} holds no tasks")
+            kinds = {task_kind(t) for t in tasks}
+            if len(kinds) != 1:
+                raise ValueError(
+                    f"task source {name!r} mixes task kinds {sorted(kinds)}: give one source per kind"
+                )
+            for task in tasks:
+                other = self._owner.setdefault(task.instance_id, name)
+                if other != name:
+                    raise ValueError(
+                        f"task id {task.instance_id!r} is in both {other!r} and {name!r}: ids must "
+                        "be unique across the sources of a mixture"
+                    )
+            cls = BirdSQLEnv if kinds == {"bird"} else BirdCriticEnv
+            self.envs[name] = cls(tasks=tasks, **env_kwargs)
+            sizes[name] = len(tasks)
+        weights = dict(sizes if weights is None else weights)
+        if set(weights) != set(self.envs):
+            raise ValueError(
+                f"weights name {sorted(weights)} but the sources are {sorted(self.envs)}"
+            )
+        values = np.array([float(weights[name]) for name in self.envs])
+        if (values < 0).any() or not np.isfinite(values).all() or values.sum() <= 0:
+            raise ValueError(f"weights must be finite, non-negative and not all 0, got {weights}")
+        self.names = list(self.envs)
+        self.weights = dict(zip(self.names, (values / values.sum()).tolist(), strict=True))
+        self._p = values / values.sum()
+        first = next(iter(self.envs.values()))
+        self.observation_space = first.observation_space
+        self.action_space = first.action_space
+        self.render_mode = env_kwargs.get("render_mode")
+        self.active: str | None = None
+        self._sub_seeds: dict[str, int] = {}
+
+    def _seed_sources(self) -> None:
+        # Every source's env draws its tasks from its own generator, seeded from this one's.
+        draws = self.np_random.integers(2**31, size=len(self.names))
+        self._sub_seeds = {name: int(s) for name, s in zip(self.names, draws, strict=True)}
+
+    @property
+    def env(self) -> Any:
+        """The env of the current episode's source."""
+        if self.active is None:
+            raise gym.error.ResetNeeded("call reset() first")
+        return self.envs[self.active]
+
+    @property
+    def task(self) -> Any:
+        """The current episode's task (``None`` before the first reset)."""
+        return None if self.active is None else self.envs[self.active].task
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Start an episode: on ``options["task_id"]``, else on a task of a source drawn by weight."""
+        super().reset(seed=seed)
+        if seed is not None:
+            self._seed_sources()
+        task_id = (options or {}).get("task_id")
+        if task_id is not None:
+            if str(task_id) not in self._owner:
+                raise KeyError(f"unknown task_id {task_id!r}")
+            name = self._owner[str(task_id)]
+        else:
+            name = self.names[int(self.np_random.choice(len(self.names), p=self._p))]
+        if self.active is not None and self.active != name:
+            # One session at a time per copy: leave the other source's episode behind.
+            self.envs[self.active]._release()
+        self.active = name
+        observation, info = self.envs[name].reset(
+            seed=self._sub_seeds.pop(name, None), options=options
+        )
+        info["source"] = name
+        return observation, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """The active env's step; ``info["source"]`` added."""
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        info["source"] = self.active
+        return observation, reward, terminated, truncated, info
+
+    def render(self) -> str | None:
+        """The active episode's conversation as text (``render_mode="ansi"``)."""
+        return None if self.active is None else self.envs[self.active].render()
+
+    def close(self) -> None:
+        """Close every source's env (safe to call twice)."""
+        for env in self.envs.values():
+            env.close()
+        super().close()
+
+
+def _seed_env(env: gym.Env, seed: int | None) -> gym.Env:
     if seed is not None:
         # Seed the task draw now, so that a first ``reset()`` without a seed draws the same tasks
         # as ``reset(seed=seed)`` would (Gymnasium gives copy i the seed ``seed + i``).
         env.unwrapped.np_random, _ = seeding.np_random(seed)
         env.action_space.seed(seed)
         env.observation_space.seed(seed)
+    return env
+
+
+def _make_env(env_kwargs: dict[str, Any], seed: int | None, env_id: str = ENV_ID) -> gym.Env:
+    """Build one copy; runs inside the worker process, so sessions and pools are opened there."""
+    return _seed_env(gym.make(env_id, **env_kwargs), seed)
+
+
+def _make_mixed(
+    sources: dict[str, Any],
+    weights: dict[str, float] | None,
+    env_kwargs: dict[str, Any],
+    seed: int | None,
+) -> gym.Env:
+    """Build one :class:`MixedTaskEnv` copy (in the worker), with the TimeLimit the envs register."""
+    kwargs = dict(env_kwargs)
+    steps = kwargs.pop("max_episode_steps", None) or _DEFAULT_MAX_STEPS
+    if "db_root" in kwargs:
+        kwargs["db_dir"] = kwargs.pop("db_root") or kwargs.get("db_dir")
+    env = gym.wrappers.TimeLimit(MixedTaskEnv(sources, weights, **kwargs), steps)
+    if seed is not None:
+        # As _seed_env: a first plain reset() draws what reset(seed=seed) would.
+        env.unwrapped.np_random, _ = seeding.np_random(seed)
+        env.unwrapped._seed_sources()
     return env
 
 
@@ -76,13 +329,20 @@ def make_vec(
     asynchronous: bool = True,
     seed: int | None = None,
     vector_kwargs: dict[str, Any] | None = None,
+    mixture: Mapping[str, float] | None = None,
     **env_kwargs: Any,
 ) -> gym.vector.VectorEnv:
-    """``num_envs`` copies of ``BirdCritic-SQLite-v0`` as one :class:`gymnasium.vector.VectorEnv`.
+    """``num_envs`` copies of ``BirdCritic-SQLite-v0``, ``BirdSQL-SQLite-v0`` or a mixture of both,
+    as one :class:`gymnasium.vector.VectorEnv`.
+
+    Which environment: ``tasks=`` of one kind (or a ``suite`` of one kind: ``critic-mini``,
+    ``bird-mini-eval`` ...) gives that kind's env; ``tasks=`` holding both kinds, or ``mixture=``,
+    gives :class:`MixedTaskEnv` copies.
 
     Args:
         num_envs: How many copies (trajectories in flight at once).
-        suite: The bundled suite to draw tasks from; ignored when ``tasks=`` is given.
+        suite: The bundled suite to draw tasks from; ignored when ``tasks=`` or ``mixture=`` is
+            given.
         asynchronous: One worker process per copy (:class:`~gymnasium.vector.AsyncVectorEnv`,
             ``shared_memory=False``: text cannot go through shared memory) or all in this process
             (:class:`~gymnasium.vector.SyncVectorEnv`).
@@ -90,7 +350,11 @@ def make_vec(
             ``envs.reset(seed=seed)`` would; the batched spaces are seeded with ``seed``.
         vector_kwargs: Extra arguments for the vector class, e.g. ``context="spawn"`` or
             ``autoreset_mode``.
-        **env_kwargs: Passed to every copy's ``gymnasium.make``: ``tasks``, ``db_dir``,
+        mixture: Task source → sampling weight, e.g. ``{"gym-mini": 0.7, "bird-mini-train":
+            0.3}`` (sources: suite names or files for :func:`load_source`). With ``tasks=`` of
+            both kinds, the keys are the kinds (``"critic"``, ``"bird"``) and weight the draw
+            between them (default: their sizes).
+        **env_kwargs: Passed to every copy's env: ``tasks``, ``db_dir`` (``db_root`` for BIRD),
             ``reward``, ``pool_options``, ``statement_timeout``, ``max_rows``,
             ``max_result_bytes``, ``max_episode_steps`` ...
 
@@ -99,24 +363,62 @@ def make_vec(
 
     Raises:
         ValueError: ``num_envs`` below 1, a ``pool=`` object with worker processes (a pool belongs
-            to the process that made it: pass ``pool_options=`` instead), or
-            ``shared_memory=True``.
+            to the process that made it: pass ``pool_options=`` instead), ``shared_memory=True``,
+            or a mixture that names nothing.
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be at least 1, got {num_envs}")
     kwargs = dict(env_kwargs)
-    if kwargs.get("tasks") is None:
-        kwargs.pop("tasks", None)
-        kwargs["suite"] = suite
     if asynchronous and kwargs.get("pool") is not None:
         raise ValueError(
             "a ReplicaPool cannot cross into worker processes; pass pool_options={...} instead "
             "(each worker then opens its own pool with those options on the same root)"
         )
-    fns = [
-        functools.partial(_make_env, kwargs, None if seed is None else seed + i)
-        for i in range(num_envs)
-    ]
+    tasks = kwargs.pop("tasks", None)
+    sources: dict[str, Any] | None = None
+    weights: dict[str, float] | None = None
+    env_id = ENV_ID
+    if tasks is not None and not isinstance(tasks, (str, Path)):
+        tasks = list(tasks)
+        by_kind: dict[str, list[Any]] = {}
+        for task in tasks:
+            by_kind.setdefault(task_kind(task), []).append(task)
+        if len(by_kind) > 1 or mixture is not None:
+            sources = by_kind
+            weights = None if mixture is None else dict(mixture)
+        elif "bird" in by_kind:
+            env_id = BIRD_ENV_ID
+    elif mixture is not None:
+        if not mixture:
+            raise ValueError("mixture is empty: name at least one task source")
+        sources, weights = {str(name): str(name) for name in mixture}, dict(mixture)
+    if sources is not None:
+        if weights is not None and set(weights) != set(sources):
+            raise ValueError(
+                f"mixture names {sorted(weights)} but the tasks hold kinds {sorted(sources)}"
+            )
+        kwargs.pop("suite", None)
+        fns = [
+            functools.partial(
+                _make_mixed, sources, weights, kwargs, None if seed is None else seed + i
+            )
+            for i in range(num_envs)
+        ]
+    else:
+        if tasks is not None:
+            kwargs["tasks"] = tasks
+        else:
+            from birdenv.bird import BIRD_SUITES
+
+            kwargs["suite"] = suite
+            if suite in BIRD_SUITES:
+                env_id = BIRD_ENV_ID
+        if env_id == BIRD_ENV_ID and "db_dir" in kwargs:
+            kwargs["db_root"] = kwargs.pop("db_dir")
+        fns = [
+            functools.partial(_make_env, kwargs, None if seed is None else seed + i, env_id)
+            for i in range(num_envs)
+        ]
     if asynchronous:
         options = {"shared_memory": False, **(vector_kwargs or {})}
         if options["shared_memory"]:

@@ -5,8 +5,11 @@ Every function has TRL's signature ``fn(prompts, completions, **kwargs) -> list[
 and every other dataset column arrives as a keyword list, one value per completion. The task of a
 completion comes from the ``task_id`` column.
 
-- :func:`solution_reward`: 1.0 when :func:`birdenv.judge.judge` accepts the statements of the
-  completion's ``<solution>`` (parsed by :func:`birdtrain.prompts.parse_solution`), else 0.0.
+- :func:`solution_reward`: 1.0 when the statements of the completion's ``<solution>`` (parsed by
+  :func:`birdtrain.prompts.parse_solution`) are correct, else 0.0: for a debugging task the judge
+  (:func:`birdenv.judge.judge`) decides, for a BIRD question execution accuracy
+  (:func:`birdenv.bird.execution_accuracy`) on the last statement, as ``BirdSQL-SQLite-v0`` does.
+  One reward function serves a mixture of both kinds (:func:`score_submission`).
 - :func:`format_reward`: 1.0 for a well-formed ``<thought>…</thought><solution>…</solution>``
   answer, else 0.0.
 
@@ -20,6 +23,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from birdenv.bird import BIRD_SUITES, BirdTask, ExVerdict, execution_accuracy, load_bird
 from birdenv.tasks import Task, load_tasks
 
 __all__ = [
@@ -28,6 +32,7 @@ __all__ = [
     "format_reward",
     "get_reward",
     "register_tasks",
+    "score_submission",
     "solution_reward",
 ]
 
@@ -36,8 +41,8 @@ RewardFunc = Callable[..., list[float | None]]
 # Tasks the rewards can judge, by instance id: what ``register_tasks`` added, then (on a miss) the
 # bundled suites. TRL hands reward functions dataset columns, never Python objects, so the Task
 # behind a ``task_id`` has to be found here.
-_TASKS: dict[str, Task] = {}
-_BUNDLED_SUITES = ("gym-mini", "critic-mini")
+_TASKS: dict[str, Task | BirdTask] = {}
+_BUNDLED_SUITES = ("gym-mini", "critic-mini", *BIRD_SUITES)
 _bundled_loaded = False
 
 # One <thought>, then one <solution>, nothing of substance around them.
@@ -48,7 +53,7 @@ _FORMAT = re.compile(
 )
 
 
-def register_tasks(tasks: Iterable[Task]) -> None:
+def register_tasks(tasks: Iterable[Task | BirdTask]) -> None:
     """Make ``tasks`` findable by their ``instance_id`` (the ``task_id`` column) for the rewards.
 
     Tasks of the bundled suites are found without registering them.
@@ -57,14 +62,14 @@ def register_tasks(tasks: Iterable[Task]) -> None:
         _TASKS[task.instance_id] = task
 
 
-def _task(task_id: str, tasks: Mapping[str, Task] | None) -> Task:
+def _task(task_id: str, tasks: Mapping[str, Task | BirdTask] | None) -> Task | BirdTask:
     global _bundled_loaded
     if tasks is not None and task_id in tasks:
         return tasks[task_id]
     if task_id not in _TASKS and not _bundled_loaded:
         _bundled_loaded = True
         for suite in _BUNDLED_SUITES:
-            for task in load_tasks(suite):
+            for task in load_bird(suite) if suite in BIRD_SUITES else load_tasks(suite):
                 _TASKS.setdefault(task.instance_id, task)
     if task_id not in _TASKS:
         raise KeyError(
@@ -87,15 +92,43 @@ def completion_text(completion: str | list[dict[str, Any]]) -> str:
     )
 
 
+def score_submission(task: Task | BirdTask, sql_list: list[str]) -> Any:
+    """The verdict on a submission, by task kind: the judge's, or BIRD's execution accuracy.
+
+    A BIRD question's answer is the last statement of ``sql_list`` (the rule of
+    ``BirdSQL-SQLite-v0``); an empty list fails without running anything. Both verdicts have
+    ``passed``, ``status``, ``fraction`` and ``to_dict()``.
+
+    >>> from birdenv.bird import load_bird
+    >>> question = load_bird("bird-mini-eval")[0]
+    >>> score_submission(question, ["SELECT 1", question.SQL]).passed
+    True
+    >>> score_submission(question, []).status
+    'failed'
+    """
+    if isinstance(task, BirdTask):
+        if not sql_list:
+            return ExVerdict(
+                instance_id=task.instance_id,
+                correct=False,
+                phase="prediction",
+                error="sql_list is empty: submit one SELECT statement",
+            )
+        return execution_accuracy(task, sql_list[-1])
+    from birdenv.judge import judge
+
+    return judge(task, sql_list)
+
+
 def solution_reward(
     prompts: list[Any],
     completions: list[Any],
     *,
     task_id: list[str],
-    tasks: Mapping[str, Task] | None = None,
+    tasks: Mapping[str, Task | BirdTask] | None = None,
     **kwargs: Any,
 ) -> list[float | None]:
-    """1.0 when the official judge accepts the completion's ``<solution>``, else 0.0.
+    """1.0 when the completion's ``<solution>`` is correct (:func:`score_submission`), else 0.0.
 
     The statements are those :func:`birdtrain.prompts.parse_solution` finds; a completion without a
     solution scores 0.0 without being judged. ``task_id`` is the dataset column naming each
@@ -110,7 +143,6 @@ def solution_reward(
     ...                 task_id=[task.instance_id] * 3)
     [1.0, 0.0, 0.0]
     """
-    from birdenv.judge import judge
     from birdtrain.prompts import parse_solution
 
     rewards: list[float | None] = []
@@ -121,7 +153,7 @@ def solution_reward(
             continue
         # One process, in order: measured faster than judge_many's worker pool for GRPO-sized
         # batches (see tests/test_stages.py and the stage-3 notes in the report).
-        rewards.append(float(judge(_task(tid, tasks), statements).passed))
+        rewards.append(float(score_submission(_task(tid, tasks), statements).passed))
     return rewards
 
 
