@@ -74,6 +74,43 @@ class DataConfig:
     teacher_api_key_env: str = _field(
         "OPENAI_API_KEY", "environment variable holding the teacher's API key"
     )
+    mixture: dict[str, float] | str | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "task sources and their weights for every stage, e.g. {gym-mini: 0.7, bird-mini-train: "
+            "0.3} or 'gym-mini:0.7,bird-mini-train:0.3' (suite names or files, debugging tasks or BIRD "
+            "questions); 'auto': estimated over mixture_sources (birdtrain.data.mixture."
+            "choose_mixture, written to RUN_DIR/mixture.json); None: train_suite alone"
+        },
+    )
+    mixture_sources: list[str] = dataclasses.field(
+        default_factory=lambda: ["gym-mini", "bird-mini-train"],
+        metadata={"help": "the sources mixture='auto' weighs"},
+    )
+    mixture_holdout: int = _field(4, "mixture='auto': tasks of each source held out for scoring")
+    mixture_grid: int = _field(
+        4, "mixture='auto': candidate weights step by 1/grid (no source left out)"
+    )
+    mixture_proxy_steps: int = _field(
+        8, "mixture='auto': stage-1 steps of each candidate's proxy run"
+    )
+    bird_eval_suite: str | None = _field(
+        "auto",
+        "BIRD questions scored for execution accuracy at every evaluation, beside eval_suite (a "
+        "suite name or a file with bird_db_root); 'auto': bird-mini-eval when the mixture holds "
+        "BIRD questions; None: none",
+    )
+    bird_db_root: str | None = _field(
+        None, "database folder ({db_id}/{db_id}.sqlite) when bird_eval_suite is a file"
+    )
+
+    def __post_init__(self) -> None:
+        from birdtrain.data.mixture import parse_mixture
+
+        self.mixture = parse_mixture(self.mixture)
+        for key in ("mixture_holdout", "mixture_grid", "mixture_proxy_steps"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"data.{key} must be at least 1, got {getattr(self, key)}")
 
 
 @dataclasses.dataclass
