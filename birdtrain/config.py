@@ -125,10 +125,18 @@ class SFTStageConfig:
     per_device_batch_size: int = _field(1, "examples per forward pass")
     max_length: int = _field(8192, "longest tokenized example; longer ones are truncated")
     warmup_ratio: float = _field(0.03, "fraction of steps spent warming up")
+    turns: str = _field(
+        "each",
+        "stage 2 only: 'each' (one example per assistant turn, its conversation so far as "
+        "context, loss on that turn) or 'whole' (one example per trajectory, loss on every "
+        "assistant turn)",
+    )
 
     def __post_init__(self) -> None:
         if self.batch_size % self.per_device_batch_size:
             raise ValueError("batch_size must be a multiple of per_device_batch_size")
+        if self.turns not in ("each", "whole"):
+            raise ValueError(f"turns must be 'each' or 'whole', got {self.turns!r}")
 
 
 @dataclasses.dataclass

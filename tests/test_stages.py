@@ -152,7 +152,11 @@ def test_stage2_labels_only_assistant_turns(episodes: dict, tiny: str, tmp_path:
 
     examples = [episodes["shop_1"], episodes["shop_2"]]
     trainer = sft.build_trainer(
-        _cfg(), model_path=tiny, out_dir=tmp_path, examples=examples, stage=2
+        _cfg(**{"stage2.turns": "whole"}),
+        model_path=tiny,
+        out_dir=tmp_path,
+        examples=examples,
+        stage=2,
     )
     tokenizer = trainer.processing_class
     assert len(trainer.train_dataset) == 2
@@ -185,6 +189,56 @@ def test_stage2_labels_only_assistant_turns(episodes: dict, tiny: str, tmp_path:
                 assert message["content"] not in labelled
         assert "<tool_response>" not in labelled and "# Database Schema" not in labelled
         assert sum(label != -100 for label in labels) < len(labels) / 4
+
+
+def test_stage2_per_turn_examples_label_one_turn_in_its_stage4_context(
+    shop: list[Task], tiny: str, tmp_path: Path
+) -> None:
+    """``stage2.turns=each``: one example per assistant turn of the expert's real trajectories.
+
+    The unlabelled part of each example is token for token the context stage 4 generates that
+    turn from (``rollout.prompt_ids`` of the messages before it); the labelled part is that turn
+    and its end-of-turn token, nothing else.
+    """
+    from birdtrain.data.trajectories import build_tool_trajectories, turn_examples
+    from birdtrain.rollout import prompt_ids
+    from birdtrain.stages import sft
+
+    trajectories = build_tool_trajectories(shop[:2], max_turns=4, progress=False)
+    assert len(trajectories) == 2
+    turns = turn_examples(trajectories)
+    assistant = [
+        (i, m)
+        for i, t in enumerate(trajectories)
+        for m in t["messages"]
+        if m["role"] == "assistant"
+    ]
+    assert len(turns) == len(assistant) and len(turns) > 2
+    for example, (i, message) in zip(turns, assistant, strict=True):
+        # the env's own message objects: byte for byte what stage 4 and evaluation see
+        assert example["completion"] == [message]
+        k = trajectories[i]["messages"].index(message)
+        assert example["prompt"] == trajectories[i]["messages"][:k]
+
+    trainer = sft.build_trainer(
+        _cfg(), model_path=tiny, out_dir=tmp_path, examples=trajectories, stage=2
+    )
+    tokenizer = trainer.processing_class
+    assert len(trainer.train_dataset) == len(turns)
+    for row, example in zip(trainer.train_dataset, turns, strict=True):
+        ids, labels = row["input_ids"], row["labels"]
+        start = next(j for j, label in enumerate(labels) if label != -100)
+        assert all(label != -100 for label in labels[start:])  # one contiguous span, to the end
+        assert ids[:start] == prompt_ids(tokenizer, example["prompt"])
+        text = tokenizer.decode(ids[start:])
+        before, found, after = text.partition(example["completion"][0]["content"])
+        assert found and before.strip() in ("", "<think>\n\n</think>"), text
+        assert after.strip() == "<|im_end|>"
+
+
+def test_stage2_turns_setting_is_checked() -> None:
+    with pytest.raises(ValueError, match="'each' or 'whole'"):
+        load_config("smoke", overrides=["stage2.turns=some"])
 
 
 def test_sft_refuses_a_max_length_that_cuts_every_assistant_turn(

@@ -4,11 +4,17 @@
   ``{"prompt": [user message], "completion": [assistant message], "task_id"}``: the user message is
   :func:`birdtrain.prompts.single_turn_prompt`, the completion a ``<thought>…</thought>`` then
   ``<solution>…</solution>`` answer. The loss is on the completion only.
-- **Stage 2, tool-use imitation.** Examples ``{"messages": [...], "tools": TOOL_SCHEMAS,
-  "task_id"}`` where ``messages`` is exactly a BirdCriticEnv episode's ``info["messages"]``. The
-  loss is on assistant turns only: ``assistant_only_loss=True`` needs ``{% generation %}`` markers,
-  and TRL swaps in its own training template for the Qwen3 template our policies carry, so the
-  user prompt and every tool observation are labelled -100.
+- **Stage 2, tool-use imitation.** Trajectories ``{"messages": [...], "tools": TOOL_SCHEMAS,
+  "task_id"}`` where ``messages`` is exactly a BirdCriticEnv episode's ``info["messages"]``. With
+  ``stage2.turns="each"`` (the default) every assistant turn becomes its own prompt-completion
+  example (:func:`birdtrain.data.trajectories.turn_examples`): the conversation before it is the
+  prompt, the turn the completion and the only labelled tokens. This is what teaches a policy the
+  call format quickly (each opening turn is an example of its own, not one span in a long chat)
+  and what keeps a short ``max_length`` from cutting every turn after the limit. With
+  ``turns="whole"`` a trajectory is one example with the loss on all its assistant turns:
+  ``assistant_only_loss=True`` needs ``{% generation %}`` markers, and TRL swaps in its own
+  training template for the Qwen3 template our policies carry, so the user prompt and every tool
+  observation are labelled -100.
 
 Read top to bottom: data → ``SFTConfig`` from the stage's config → train → metrics → merged save.
 """
@@ -28,15 +34,29 @@ __all__ = ["build_dataset", "build_trainer", "run"]
 logger = logging.getLogger(__name__)
 
 
-def build_dataset(examples: Iterable[dict[str, Any]] | Any, stage: int) -> Any:
+def _message(message: dict[str, Any]) -> dict[str, str]:
+    return {"role": message["role"], "content": message["content"]}
+
+
+def _tools_text(tools: Any) -> str:
+    return tools if isinstance(tools, str) else json.dumps(tools)
+
+
+def build_dataset(
+    examples: Iterable[dict[str, Any]] | Any, stage: int, *, turns: str = "whole"
+) -> Any:
     """A ``datasets.Dataset`` with only the columns SFT trains on for ``stage`` (1 or 2).
 
+    Stage 2 takes trajectories (``messages``, ``tools``); ``turns="each"`` splits them into one
+    prompt-completion example per assistant turn, ``"whole"`` keeps one example per trajectory.
     Stage 2's ``tools`` become JSON text: Arrow would merge the two tool schemas' different
     ``properties`` into one struct and fill the missing keys with nulls, changing the rendered
     prompt; TRL ``json.loads`` a string ``tools`` back, unchanged.
     """
     from datasets import Dataset
 
+    if turns not in ("each", "whole"):
+        raise ValueError(f"turns must be 'each' or 'whole', got {turns!r}")
     rows = list(examples) if not isinstance(examples, Dataset) else examples.to_list()
     if not rows:
         raise ValueError(f"stage {stage}: no training examples")
@@ -57,15 +77,26 @@ def build_dataset(examples: Iterable[dict[str, Any]] | Any, stage: int) -> Any:
                 f"stage 2 examples need 'messages' (and 'tools'); example {missing[0]} has keys "
                 f"{sorted(rows[missing[0]])}"
             )
+        if turns == "each":
+            from birdtrain.data.trajectories import turn_examples
+
+            return Dataset.from_list(
+                [
+                    {
+                        "prompt": [_message(m) for m in e["prompt"]],
+                        "completion": [_message(m) for m in e["completion"]],
+                        "tools": _tools_text(e.get("tools")),
+                    }
+                    for e in turn_examples(rows)
+                ]
+            )
         return Dataset.from_list(
             [
                 {
                     "messages": [
                         {"role": m["role"], "content": m["content"]} for m in r["messages"]
                     ],
-                    "tools": r["tools"]
-                    if isinstance(r.get("tools"), str)
-                    else json.dumps(r.get("tools")),
+                    "tools": _tools_text(r.get("tools")),
                 }
                 for r in rows
             ]
@@ -80,7 +111,8 @@ def build_trainer(cfg: Any, *, model_path: str, out_dir: Path, examples: Any, st
     from birdtrain.models import load_policy, lora_config
 
     stage_cfg = cfg.stage1 if stage == 1 else cfg.stage2
-    dataset = build_dataset(examples, stage)
+    per_turn = stage == 2 and stage_cfg.turns == "each"
+    dataset = build_dataset(examples, stage, turns=stage_cfg.turns if stage == 2 else "whole")
     model, tokenizer = load_policy(model_path, dtype=cfg.model.dtype)
     args = SFTConfig(
         output_dir=str(Path(out_dir) / "trainer"),
@@ -91,9 +123,10 @@ def build_trainer(cfg: Any, *, model_path: str, out_dir: Path, examples: Any, st
         gradient_accumulation_steps=stage_cfg.batch_size // stage_cfg.per_device_batch_size,
         warmup_steps=stage_cfg.warmup_ratio,  # a float below 1 is a ratio of the total steps
         max_length=stage_cfg.max_length,
-        # Stage 1: loss on the completion only; stage 2: on the assistant turns only.
-        completion_only_loss=stage == 1,
-        assistant_only_loss=stage == 2,
+        # Stage 1 and per-turn stage 2: loss on the completion only; whole trajectories: on the
+        # assistant turns only.
+        completion_only_loss=stage == 1 or per_turn,
+        assistant_only_loss=stage == 2 and not per_turn,
         logging_steps=1,
         save_strategy="no",  # the final, merged save is ours
         report_to=cfg.report_to,
