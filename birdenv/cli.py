@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from birdenv import suites
 from birdenv.errors import BirdEnvError, TaskFormatError
+from birdenv.judge import INSTANCE_TIMEOUT
 from birdenv.tasks import CATEGORIES, Task, load_tasks
 
 __all__ = ["main"]
@@ -209,6 +210,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                 ((task, pred) for _, (task, pred, _) in good),
                 processes=args.jobs,
                 statement_timeout=args.statement_timeout,
+                instance_timeout=args.instance_timeout,
+                cache=args.cache,
             ),
             len(good),
             "judging",
@@ -360,6 +363,18 @@ def _build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="seconds per statement (default: none, like the official evaluator)",
+    )
+    evaluate.add_argument(
+        "--instance-timeout",
+        type=float,
+        default=INSTANCE_TIMEOUT,
+        help="seconds per instance; a worker past it is killed (default: the official 180)",
+    )
+    evaluate.add_argument(
+        "--no-cache",
+        dest="cache",
+        action="store_false",
+        help="run every issue phase again instead of reusing remembered outcomes",
     )
     evaluate.set_defaults(func=_cmd_evaluate)
 

@@ -22,12 +22,14 @@ Test code runs with the official helper names in scope: ``perform_query_on_sqlit
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import datetime
 import io
 import json
 import multiprocessing
+import multiprocessing.connection
 import re
 import signal
 import sqlite3
@@ -39,6 +41,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from birdenv.errors import BirdEnvError
+from birdenv.judge_cache import IssueOutcome, JudgeCache, cache_key, cacheable_task
 from birdenv.replicas.guard import authorizer
 from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.replicas.session import MAX_ROWS, Limits, Session, run_statement
@@ -212,7 +215,8 @@ class Verdict:
     issue SQL passed every test, so the task cannot be judged), ``"prediction"`` (a predicted
     statement raised), ``"timeout"`` (a deadline passed), ``"tests"`` (a test failed) or
     ``"setup"`` (the database could not be prepared); ``tests_passed``/``tests_total`` count the
-    tests of the prediction phase (the default test counts as one).
+    tests of the prediction phase (the default test counts as one); ``issue_cached`` is true when
+    the issue phase's outcome came from the :mod:`birdenv.judge_cache` instead of running again.
     """
 
     instance_id: str
@@ -223,6 +227,7 @@ class Verdict:
     tests_total: int = 0
     failed_tests: list[str] = dataclasses.field(default_factory=list)
     issue_passed: bool = False
+    issue_cached: bool = False
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
@@ -290,6 +295,7 @@ class _Runner:
         self.memo_enabled = True
         self.dirty = False
         self.volatile = False  # a volatile function or 'now' ran since the last fresh state
+        self.ever_volatile = False  # ... at any time in this instance
         self._touched = False  # set by the authorizer when the running statement did more than read
 
     def authorizer(self, action: int, arg1: Any, arg2: Any, db: Any, source: Any) -> int:
@@ -299,7 +305,7 @@ class _Runner:
             return verdict
         if action == sqlite3.SQLITE_FUNCTION:
             if (arg2 or "").lower() in _VOLATILE_FUNCTIONS:
-                self._touched = self.volatile = True
+                self._touched = self.volatile = self.ever_volatile = True
             return verdict
         if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in _PRELUDE_PRAGMAS:
             return verdict
@@ -350,7 +356,7 @@ class _Runner:
             self.dirty = self.dirty or self._touched
             raise
         if _VOLATILE_TEXT.search(query):
-            self.volatile = True
+            self.volatile = self.ever_volatile = True
         if self._touched or self.volatile:
             self.dirty = True
         elif usable and rows is not None:
@@ -578,14 +584,17 @@ def judge(
     pool: ReplicaPool | None = None,
     statement_timeout: float | None = None,
     instance_timeout: float = INSTANCE_TIMEOUT,
+    cache: bool = True,
 ) -> Verdict:
     """Judge a prediction for ``task`` exactly as the official BIRD-CRITIC-SQLite evaluator does.
 
     ``pred_sqls`` is the list of statements (a string is split on ``[split]``, as the official
     reader does). ``statement_timeout`` bounds each statement (default: only the instance
     deadline, like the official evaluator); ``instance_timeout`` bounds the whole instance.
-    Problems with the prediction are verdicts, never exceptions; a missing database is a
-    ``"setup"`` failure.
+    ``cache=True`` reuses the issue phase's outcome (it does not depend on the prediction) from
+    :class:`~birdenv.judge_cache.JudgeCache` in the pool's root when a reproducible run left one,
+    and records it otherwise; ``False`` always runs both phases. Problems with the prediction are
+    verdicts, never exceptions; a missing database is a ``"setup"`` failure.
     """
     pool = pool or default_pool()
     statements = split_sql_field(pred_sqls)
@@ -594,8 +603,15 @@ def judge(
     verdict = Verdict(instance_id=task.instance_id, status="failed", tests_total=len(tests))
     started = time.perf_counter()
     try:
-        issue_phase = None
-        if task.issue_sql:
+        store, key = None, None
+        if cache and task.issue_sql and cacheable_task(task):
+            store = JudgeCache.for_root(pool.root)
+            key = cache_key(task, pool.store.base_for(task.db_path).sha256, statement_timeout)
+            outcome = store.get(key)
+            if outcome is not None:
+                verdict.issue_passed, verdict.issue_cached = outcome.issue_passed, True
+                runner.memo = dict(outcome.memo)
+        if task.issue_sql and not verdict.issue_cached:
             with pool.session(task, preprocess=False, limits=JUDGE_LIMITS) as session:
                 runner.fresh_state(session)
                 runner.execute_queries(task.preprocess_sql, session.db_path, session.conn)
@@ -604,6 +620,10 @@ def judge(
                 runner.close_extra_connections()
             verdict.timings["issue"] = time.perf_counter() - started
             verdict.issue_passed = issue_phase.clean
+            # Remember only what would come out the same again: no deadline, nothing volatile.
+            if store is not None and not issue_phase.timeout and not runner.ever_volatile:
+                memo = runner.memo if runner.memo_enabled else {}
+                store.put(key, IssueOutcome(verdict.issue_passed, dict(memo)))
         mark = time.perf_counter()
         with pool.session(task, preprocess=False, limits=JUDGE_LIMITS) as session:
             runner.fresh_state(session)
@@ -636,9 +656,49 @@ def judge(
     return verdict
 
 
-def _judge_job(job: tuple[Task, Any, float | None]) -> Verdict:
-    task, pred_sqls, statement_timeout = job
-    return judge(task, pred_sqls, statement_timeout=statement_timeout)
+# A worker gets this long past the instance deadline to return on its own before it is killed.
+_KILL_GRACE = 2.0
+
+
+def _judge_worker(conn: Any, statement_timeout: float | None, instance_timeout: float) -> None:
+    """Judge the jobs that arrive on ``conn`` until ``None`` arrives."""
+    while (job := conn.recv()) is not None:
+        task, pred_sqls, cache = job
+        conn.send(
+            judge(
+                task,
+                pred_sqls,
+                statement_timeout=statement_timeout,
+                instance_timeout=instance_timeout,
+                cache=cache,
+            )
+        )
+
+
+class _Worker:
+    """One judging process and the job it is running."""
+
+    def __init__(self, context: Any, statement_timeout: float | None, instance_timeout: float):
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=_judge_worker, args=(child, statement_timeout, instance_timeout), daemon=True
+        )
+        self.process.start()
+        child.close()
+        self.job: tuple[int, Task] | None = None
+        self.deadline = 0.0
+
+    def stop(self, kill: bool = False) -> None:
+        if kill:
+            self.process.kill()
+        else:
+            with contextlib.suppress(OSError):
+                self.conn.send(None)
+        self.process.join(timeout=None if kill else 5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
 
 
 def judge_many(
@@ -646,16 +706,72 @@ def judge_many(
     *,
     processes: int = 1,
     statement_timeout: float | None = None,
+    instance_timeout: float = INSTANCE_TIMEOUT,
+    cache: bool = True,
 ) -> Iterator[Verdict]:
-    """Judge many ``(task, pred_sqls)`` pairs, in order, over ``processes`` worker processes.
+    """Judge many ``(task, pred_sqls)`` pairs, in order, in ``processes`` supervised workers.
 
-    Each worker has its own pool on the shared replica root, so bases are materialised once for
-    the machine and sessions never collide.
+    Every instance runs in a worker process, as the official evaluator runs each in a
+    subprocess: a worker still busy ``instance_timeout`` (+2 s) after it started an instance is
+    killed (test code can swallow the in-process deadline; only a process boundary bounds it),
+    the instance gets a ``"timeout"`` verdict, and a new worker takes over; a worker that dies
+    gives its instance a ``"crash"`` verdict. The rest of the run continues either way. Each
+    worker has its own pool on the shared replica root, so bases are materialised once for the
+    machine, sessions never collide, and a killed worker's session files are swept.
     """
-    work = ((task, pred, statement_timeout) for task, pred in jobs)
-    if processes <= 1:
-        yield from map(_judge_job, work)
-        return
     context = multiprocessing.get_context("forkserver")
-    with context.Pool(processes) as workers:
-        yield from workers.imap(_judge_job, work, chunksize=1)
+    pending = collections.deque(enumerate(jobs))
+    workers = [
+        _Worker(context, statement_timeout, instance_timeout)
+        for _ in range(max(1, min(processes, len(pending))))
+    ]
+    done: dict[int, Verdict] = {}
+    next_out = 0
+    try:
+        while pending or any(w.job for w in workers):
+            for worker in workers:
+                if worker.job is None and pending:
+                    index, (task, pred_sqls) = pending.popleft()
+                    worker.job = (index, task)
+                    worker.deadline = time.monotonic() + instance_timeout + _KILL_GRACE
+                    worker.conn.send((task, pred_sqls, cache))
+            busy = [w for w in workers if w.job is not None]
+            wait = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+            ready = multiprocessing.connection.wait([w.conn for w in busy], timeout=wait)
+            for i, worker in enumerate(workers):
+                if worker.job is None:
+                    continue
+                index, task = worker.job
+                if worker.conn in ready:
+                    try:
+                        done[index] = worker.conn.recv()
+                        worker.job = None
+                        continue
+                    except (EOFError, OSError):
+                        why = (
+                            f"crash: the judging worker died (exit code {worker.process.exitcode})"
+                        )
+                        phase = "crash"
+                elif time.monotonic() >= worker.deadline:
+                    why = (
+                        f"timeout: still running {instance_timeout + _KILL_GRACE:g} s after it "
+                        "started; the judging worker was killed"
+                    )
+                    phase = "timeout"
+                else:
+                    continue
+                done[index] = Verdict(
+                    instance_id=task.instance_id,
+                    status="failed",
+                    phase=phase,
+                    error=why,
+                    tests_total=len(task.test_cases) or 1,
+                )
+                worker.stop(kill=True)
+                workers[i] = _Worker(context, statement_timeout, instance_timeout)
+            while next_out in done:
+                yield done.pop(next_out)
+                next_out += 1
+    finally:
+        for worker in workers:
+            worker.stop(kill=worker.job is not None)

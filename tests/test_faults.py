@@ -15,14 +15,13 @@ import random
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from birdenv import cli
-from birdenv.judge import judge
+from birdenv.judge import judge, judge_many
 from birdenv.replicas import ReplicaPool
 from birdenv.tasks import Task, load_tasks, parse_task
 from birdenv.tools import format_tool_call
@@ -267,8 +266,6 @@ def test_evaluate_run_continues_past_hostile_tests(
     shop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     """``birdenv evaluate``: each bad task fails alone, bounded, and the run goes on."""
-    import birdenv.judge as judge_module
-
     _, db_dir, _ = shop
     rows = [_task(db_dir, name, body) for name, body in TESTS.items()]
     tasks = tmp_path / "tasks.jsonl"
@@ -280,12 +277,21 @@ def test_evaluate_run_continues_past_hostile_tests(
         )
     )
     out = tmp_path / "verdicts.jsonl"
-    # The CLI has no instance-timeout flag; shorten the official 180 s so the test is quick.
-    monkeypatch.setitem(judge_module.judge.__kwdefaults__, "instance_timeout", 2.0)
     monkeypatch.setenv("BIRDENV_HOME", str(tmp_path / "home"))
     start = time.monotonic()
     cli.main(
-        ["evaluate", str(preds), "--tasks", str(tasks), "--db-dir", str(db_dir), "--out", str(out)]
+        [
+            "evaluate",
+            str(preds),
+            "--tasks",
+            str(tasks),
+            "--db-dir",
+            str(db_dir),
+            "--out",
+            str(out),
+            "--instance-timeout",
+            "2",
+        ]
     )
     assert time.monotonic() - start < 15
     verdicts = {v["instance_id"]: v for v in map(json.loads, out.read_text().splitlines())}
@@ -294,28 +300,25 @@ def test_evaluate_run_continues_past_hostile_tests(
     assert verdicts["loops"]["phase"] == "timeout"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="birdenv/judge.py _alarm(): the instance deadline is one SIGALRM raised as an "
-    "exception, so test code that catches BaseException in a loop never ends (the official "
-    "evaluator kills its per-instance subprocess at 180 s)",
-)
-def test_judge_bounds_test_code_that_swallows_the_deadline(shop, tmp_path: Path) -> None:
+def test_judge_many_bounds_test_code_that_swallows_the_deadline(shop, tmp_path: Path) -> None:
+    # The in-process deadline is an exception, which this test code catches forever: only the
+    # worker process boundary bounds it, and the run goes on with the next instance.
     _, db_dir, _ = shop
     body = "    while True:\n        try:\n            while True:\n                pass\n        except BaseException:\n            pass\n"
-    task_row = _task(db_dir, "swallow", body)
-    script = (
-        "import sys, json\n"
-        "from birdenv.judge import judge\nfrom birdenv.replicas import ReplicaPool\n"
-        "from birdenv.tasks import parse_task\n"
-        f"task = parse_task(json.loads({json.dumps(json.dumps(task_row))}), db_dir={str(db_dir)!r})\n"
-        f"with ReplicaPool(root={str(tmp_path / 'r')!r}) as pool:\n"
-        "    print(judge(task, ['SELECT 2'], pool=pool, instance_timeout=1.0).phase)\n"
-    )
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, timeout=8
+    swallow = parse_task(_task(db_dir, "swallow", body), db_dir=db_dir)
+    passes = parse_task(_task(db_dir, "passes", TESTS["passes"]), db_dir=db_dir)
+    start = time.monotonic()
+    verdicts = list(
+        judge_many(
+            [(swallow, ["SELECT 2"]), (passes, ["SELECT 2"]), (swallow, ["SELECT 2"])],
+            processes=1,
+            instance_timeout=1.0,
         )
-    except subprocess.TimeoutExpired:
-        pytest.fail("the judge was still running 5 s after a 1 s instance deadline")
-    assert proc.stdout.strip() == "timeout", proc.stderr[-2000:]
+    )
+    assert time.monotonic() - start < 15
+    assert [(v.instance_id, v.phase) for v in verdicts] == [
+        ("swallow", "timeout"),
+        ("passes", None),
+        ("swallow", "timeout"),
+    ]
+    assert "killed" in verdicts[0].error and verdicts[1].passed

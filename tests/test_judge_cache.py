@@ -1,0 +1,130 @@
+"""The judge's issue-phase cache: reused only when the outcome would come out the same again."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from birdenv.judge import judge
+from birdenv.judge_cache import CACHE_FILE
+from birdenv.replicas import ReplicaPool
+from birdenv.tasks import parse_task
+
+
+def by_id(tasks: list, instance_id: str):
+    return next(t for t in tasks if t.instance_id == instance_id)
+
+
+def test_second_judgement_reuses_the_issue_phase_with_the_same_verdicts(
+    shop_tasks: list, pool
+) -> None:
+    for task in shop_tasks:
+        for pred in (task.sol_sql, task.issue_sql, ["SELECT 1"]):
+            first = judge(task, pred, pool=pool)
+            again = judge(task, pred, pool=pool)
+            cold = judge(task, pred, pool=pool, cache=False)
+            assert again.issue_cached and not cold.issue_cached
+            strip = ("issue_cached", "timings")
+            assert {k: v for k, v in again.to_dict().items() if k not in strip} == {
+                k: v for k, v in cold.to_dict().items() if k not in strip
+            }
+            assert (first.status, first.phase) == (again.status, again.phase)
+
+
+def _judge_in_new_process(root: Path, row: dict, db_dir: Path, pred: list[str]) -> dict:
+    script = (
+        "import json, sys\n"
+        "from birdenv.judge import judge\nfrom birdenv.replicas import ReplicaPool\n"
+        "from birdenv.tasks import parse_task\n"
+        "row, db_dir, root, pred = json.loads(sys.argv[1])\n"
+        "task = parse_task(row, db_dir=db_dir)\n"
+        "with ReplicaPool(root=root) as pool:\n"
+        "    print(json.dumps(judge(task, pred, pool=pool).to_dict()))\n"
+    )
+    args = json.dumps([row, str(db_dir), str(root), pred])
+    proc = subprocess.run(
+        [sys.executable, "-c", script, args], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+SHOP_2 = {
+    "instance_id": "shop_2",
+    "db_id": "shop",
+    "issue_sql": ["UPDATE orders SET total = 0 WHERE total = NULL"],
+    "sol_sql": ["UPDATE orders SET total = 0 WHERE total IS NULL"],
+    "test_cases": [
+        "def test_case(pred_sqls, sol_sqls, db_path, conn, conditions):\n"
+        "    res, err, to = execute_queries(['SELECT count(*) FROM orders WHERE total IS NULL'], db_path, conn, None, '')\n"
+        "    assert not err and res[0][0] == 0, res\n"
+        "    return 1\n"
+    ],
+}
+
+
+def test_the_cache_outlives_the_process_and_follows_the_base(
+    shop_dir: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "replicas"
+    first = _judge_in_new_process(root, SHOP_2, shop_dir, SHOP_2["sol_sql"])
+    second = _judge_in_new_process(root, SHOP_2, shop_dir, SHOP_2["sol_sql"])
+    assert first["status"] == second["status"] == "success"
+    assert (first["issue_cached"], second["issue_cached"]) == (False, True)
+    # New content in the template is a new base: the old outcome is not used for it.
+    template = shop_dir / "shop" / "shop_template.sqlite"
+    with sqlite3.connect(template) as conn:
+        conn.execute("UPDATE orders SET total = 1 WHERE total IS NULL")
+    changed = _judge_in_new_process(root, SHOP_2, shop_dir, SHOP_2["sol_sql"])
+    assert not changed["issue_cached"]
+    # ... and with no NULL totals left the issue SQL passes the test: judged, not remembered.
+    assert changed["phase"] == "issue"
+    # Another task text (here other tests) is another key as well.
+    other = dict(SHOP_2, test_cases=[SHOP_2["test_cases"][0].replace("== 0", "== 0 or True")])
+    assert not _judge_in_new_process(root, other, shop_dir, SHOP_2["sol_sql"])["issue_cached"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"preprocess_sql": ["CREATE TABLE r AS SELECT random() AS x"]},
+        {"issue_sql": ["UPDATE orders SET total = abs(random()) % 1 WHERE total = NULL"]},
+        {
+            "test_cases": [
+                SHOP_2["test_cases"][0].replace("return 1", "import random\n    return 1")
+            ]
+        },
+    ],
+    ids=["volatile-preprocess", "volatile-issue-sql", "test-uses-random"],
+)
+def test_what_may_differ_next_time_is_never_remembered(shop_dir: Path, pool, change: dict) -> None:
+    task = parse_task({**SHOP_2, **change}, db_dir=shop_dir)
+    for _ in range(2):
+        verdict = judge(task, task.sol_sql, pool=pool)
+        assert not verdict.issue_cached
+
+
+def test_an_instance_that_timed_out_is_not_remembered(shop_dir: Path, pool) -> None:
+    slow = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n"
+    row = {**SHOP_2, "issue_sql": [slow]}
+    task = parse_task(row, db_dir=shop_dir)
+    for _ in range(2):
+        verdict = judge(task, task.sol_sql, pool=pool, statement_timeout=0.2)
+        assert not verdict.issue_cached and verdict.passed
+
+
+def test_a_broken_cache_file_changes_no_verdict(shop_tasks: list, tmp_path: Path) -> None:
+    root = tmp_path / "replicas"
+    root.mkdir()
+    (root / CACHE_FILE).write_bytes(b"this is not a database" * 100)
+    task = by_id(shop_tasks, "shop_1")
+    with ReplicaPool(root=root) as pool:
+        assert judge(task, task.sol_sql, pool=pool).passed
+        assert not judge(task, task.issue_sql, pool=pool).passed
+        # remembered in memory all the same
+        assert judge(task, task.sol_sql, pool=pool).issue_cached
