@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import sqlite3
+import threading
 import time
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from birdenv.errors import BirdEnvError, DatabaseNotFoundError, TaskFormatError, UnknownSuiteError
 from birdenv.judge import JUDGE_LIMITS
 from birdenv.replicas.pool import ReplicaPool, default_pool
-from birdenv.replicas.session import Session, StatementTimeout, run_statement
+from birdenv.replicas.session import Session, StatementTimeout
 
 __all__ = [
     "BIRD_SUITES",
@@ -34,6 +37,7 @@ __all__ = [
     "BirdTask",
     "ExVerdict",
     "execution_accuracy",
+    "execution_accuracy_many",
     "iter_bird",
     "load_bird",
     "parse_bird_task",
@@ -304,23 +308,110 @@ class _TooLong(Exception):
     """A result had more rows than :data:`EX_MAX_ROWS`."""
 
 
-def _fetch_set(session: Session, sql: str, statement_timeout: float | None) -> tuple[set, int]:
-    deadline = time.monotonic() + statement_timeout if statement_timeout is not None else None
-    rows, _, truncated = run_statement(
-        session.conn,
-        sql,
-        max_rows=EX_MAX_ROWS,
-        max_other_rows=EX_MAX_ROWS,
-        deadline=deadline,
-    )
-    if truncated:
-        raise _TooLong(f"more than {EX_MAX_ROWS:,} rows: not compared")
-    rows = rows or []
-    return set(rows), len(rows)
+# How many SQLite VM instructions run between deadline checks.
+_PROGRESS_STEPS = 2_000
+# Gold results kept for ``isolate_gold`` (LRU): ``(base sha256, gold SQL) -> outcome``.
+_GOLD_CACHE: OrderedDict[tuple[str, str], _Outcome] = OrderedDict()
+_GOLD_CACHE_SIZE = 4096
+_GOLD_CACHE_MAX_ROWS = 100_000  # larger results are recomputed rather than kept in memory
+_GOLD_CACHE_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+    """One query's result as EX sees it: its row set, or the phase and error that stopped it."""
+
+    rows: frozenset | None = None
+    count: int | None = None
+    phase: str | None = None
+    error: str | None = None
+    seconds: float = 0.0
+
+
+def _run_query(session: Session, sql: str, statement_timeout: float | None) -> tuple[set, int]:
+    """Run one query as BIRD's ``execute_sql`` does: ``cursor.execute(sql)``, then ``fetchall()``.
+
+    No commit between the two (unlike :func:`birdenv.replicas.session.run_statement`, which
+    follows BIRD-CRITIC): a ``DELETE ... RETURNING`` gives its rows, and what it changed stays in
+    the connection's open transaction for the gold to read, as in the official script. Bounded
+    by ``statement_timeout`` (:class:`StatementTimeout`) and :data:`EX_MAX_ROWS`.
+    """
+    conn = session.conn
+    if statement_timeout is not None:
+        deadline = time.monotonic() + statement_timeout
+        conn.set_progress_handler(lambda: int(time.monotonic() > deadline), _PROGRESS_STEPS)
+    cursor = conn.cursor()
+    try:
+        cursor.execute(sql)
+        rows: list[tuple[Any, ...]] = []
+        while batch := cursor.fetchmany(4096):
+            rows.extend(batch)
+            if len(rows) > EX_MAX_ROWS:
+                raise _TooLong(f"more than {EX_MAX_ROWS:,} rows: not compared")
+        return set(rows), len(rows)
+    except sqlite3.OperationalError as exc:
+        if (
+            statement_timeout is not None
+            and time.monotonic() > deadline
+            and "interrupt" in str(exc)
+        ):
+            raise StatementTimeout(f"deadline of {statement_timeout:g} s exceeded") from exc
+        raise
+    finally:
+        cursor.close()
+        if statement_timeout is not None:
+            conn.set_progress_handler(None, 0)
 
 
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if not isinstance(exc, sqlite3.Error) else str(exc)
+
+
+def _outcome(session: Session, sql: str, who: str, statement_timeout: float | None) -> _Outcome:
+    """Run ``sql`` (the ``"prediction"`` or the ``"gold"``) and say how it ended."""
+    started = time.perf_counter()
+    label = "prediction" if who == "prediction" else "gold SQL"
+    try:
+        rows, count = _run_query(session, sql, statement_timeout)
+        return _Outcome(frozenset(rows), count, seconds=time.perf_counter() - started)
+    except StatementTimeout:
+        phase, error = "timeout", f"{label} timed out after {statement_timeout:g} s"
+    # sqlite3.Warning: Python 3.11 reports two statements in one string with it.
+    except (
+        sqlite3.Error,
+        sqlite3.Warning,
+        ValueError,
+        OverflowError,
+        MemoryError,
+        _TooLong,
+    ) as exc:
+        phase, error = who, f"{label}: {_error_text(exc)}"
+    return _Outcome(phase=phase, error=error, seconds=time.perf_counter() - started)
+
+
+def _pristine_gold(
+    task: BirdTask, base: Any, pool: ReplicaPool, statement_timeout: float | None
+) -> tuple[_Outcome, bool]:
+    """The gold's outcome on a fresh state of its own, and whether it came from the cache.
+
+    A gold query is deterministic on an immutable base, so its outcome is kept per
+    ``(base content hash, gold SQL)``; timeouts (which depend on the deadline) and very large
+    results are not kept.
+    """
+    key = (base.sha256, task.SQL)
+    with _GOLD_CACHE_LOCK:
+        cached = _GOLD_CACHE.get(key)
+        if cached is not None:
+            _GOLD_CACHE.move_to_end(key)
+            return cached, True
+    with pool.open_base(base, task_id=task.instance_id, limits=JUDGE_LIMITS) as session:
+        outcome = _outcome(session, task.SQL, "gold", statement_timeout)
+    if outcome.phase != "timeout" and (outcome.count or 0) <= _GOLD_CACHE_MAX_ROWS:
+        with _GOLD_CACHE_LOCK:
+            _GOLD_CACHE[key] = outcome
+            while len(_GOLD_CACHE) > _GOLD_CACHE_SIZE:
+                _GOLD_CACHE.popitem(last=False)
+    return outcome, False
 
 
 def execution_accuracy(
@@ -329,17 +420,26 @@ def execution_accuracy(
     *,
     pool: ReplicaPool | None = None,
     statement_timeout: float | None = 30.0,
+    isolate_gold: bool = False,
 ) -> ExVerdict:
     """BIRD's execution accuracy of ``pred_sql`` for ``task``, as the official evaluator scores it.
 
-    On one fresh state of the task's database, the prediction runs and then the gold, each with
-    :func:`birdenv.replicas.session.run_statement` (the judge's execution path, so the prediction
-    sees exactly what the gold sees; like the official code, a prediction that writes changes
-    what the gold then reads). The prediction is correct when ``set(pred_rows) == set(gold_rows)``:
-    row order and duplicates are ignored, values are compared exactly (``1 == 1.0``, no rounding,
-    ``'a' != 'A'``), columns keep their order and count. A prediction that raises, holds two
-    statements or runs past ``statement_timeout`` seconds scores 0; so does every prediction when
-    the gold itself fails. Problems are verdicts, never exceptions.
+    On one fresh state of the task's database, the prediction runs and then the gold, each as
+    BIRD's script runs it (``cursor.execute`` then ``fetchall()`` on one connection, no commit in
+    between). The prediction is correct when ``set(pred_rows) == set(gold_rows)``: row order and
+    duplicates are ignored, values are compared exactly (``1 == 1.0``, no rounding,
+    ``'a' != 'A'``), columns keep their order and count, and an empty result equals an empty
+    result. A prediction that raises, holds two statements or runs past ``statement_timeout``
+    seconds scores 0; so does every prediction when the gold itself fails. Problems are verdicts,
+    never exceptions. ``tests/fixtures/bird_ex`` holds the borderline cases checked against the
+    official scripts.
+
+    ``isolate_gold=False`` (the default) is the official rule, for evaluation: because the gold
+    runs after the prediction on the same state, a prediction that writes changes what it is
+    compared with (``DELETE FROM t`` empties the gold's result and then equals it). That is a
+    reward hack, so rewards use ``isolate_gold=True``: the gold runs on a pristine state of its
+    own (its outcome cached per database content and gold SQL), and the prediction's writes only
+    ever reach the prediction's own result. The two agree on every prediction that does not write.
     """
     pool = pool or default_pool()
     verdict = ExVerdict(instance_id=task.instance_id, correct=False)
@@ -351,28 +451,28 @@ def execution_accuracy(
         verdict.phase, verdict.error = "setup", f"{type(exc).__name__}: {exc}"
         verdict.timings["total"] = time.perf_counter() - started
         return verdict
+    gold: _Outcome | None = None
     with session:
-        mark = time.perf_counter()
+        pred = _outcome(session, pred_sql, "prediction", statement_timeout)
+        verdict.timings["prediction"] = pred.seconds
+        if pred.phase is None and not isolate_gold:
+            gold = _outcome(session, task.SQL, "gold", statement_timeout)
+            verdict.timings["gold"] = gold.seconds
+    if pred.phase is None and isolate_gold:
         try:
-            pred, verdict.pred_rows = _fetch_set(session, pred_sql, statement_timeout)
-        except StatementTimeout:
-            verdict.phase = "timeout"
-            verdict.error = f"prediction timed out after {statement_timeout:g} s"
-        except (sqlite3.Error, ValueError, OverflowError, MemoryError, _TooLong) as exc:
-            verdict.phase, verdict.error = "prediction", f"prediction: {_error_text(exc)}"
-        verdict.timings["prediction"] = time.perf_counter() - mark
-        if verdict.phase is None:
-            mark = time.perf_counter()
-            try:
-                gold, verdict.gold_rows = _fetch_set(session, task.SQL, statement_timeout)
-            except StatementTimeout:
-                verdict.phase = "timeout"
-                verdict.error = f"gold SQL timed out after {statement_timeout:g} s"
-            except (sqlite3.Error, ValueError, OverflowError, MemoryError, _TooLong) as exc:
-                verdict.phase, verdict.error = "gold", f"gold SQL: {_error_text(exc)}"
-            verdict.timings["gold"] = time.perf_counter() - mark
-    if verdict.phase is None:
-        verdict.correct = pred == gold
+            gold, cached = _pristine_gold(task, base, pool, statement_timeout)
+        except (BirdEnvError, sqlite3.Error, OSError) as exc:
+            gold = _Outcome(phase="setup", error=f"{type(exc).__name__}: {exc}")
+        else:
+            verdict.timings["gold"] = 0.0 if cached else gold.seconds
+    verdict.pred_rows = pred.count
+    if pred.phase is not None:
+        verdict.phase, verdict.error = pred.phase, pred.error
+    elif gold is not None and gold.phase is not None:
+        verdict.phase, verdict.error = gold.phase, gold.error
+    elif gold is not None:
+        verdict.gold_rows = gold.count
+        verdict.correct = pred.rows == gold.rows
         if not verdict.correct:
             verdict.phase = "mismatch"
             verdict.error = (
@@ -381,6 +481,34 @@ def execution_accuracy(
             )
     verdict.timings["total"] = time.perf_counter() - started
     return verdict
+
+
+def _ex_job(job: tuple[BirdTask, str, float | None, bool]) -> ExVerdict:
+    task, pred_sql, statement_timeout, isolate_gold = job
+    return execution_accuracy(
+        task, pred_sql, statement_timeout=statement_timeout, isolate_gold=isolate_gold
+    )
+
+
+def execution_accuracy_many(
+    jobs: Iterable[tuple[BirdTask, str]],
+    *,
+    processes: int = 1,
+    statement_timeout: float | None = 30.0,
+    isolate_gold: bool = False,
+) -> Iterator[ExVerdict]:
+    """:func:`execution_accuracy` of many ``(task, pred_sql)`` pairs, in order, over ``processes``.
+
+    Like :func:`birdenv.judge.judge_many`: each worker process has its own pool on the shared
+    replica root, so bases are materialised once for the machine and sessions never collide.
+    """
+    work = ((task, pred, statement_timeout, isolate_gold) for task, pred in jobs)
+    if processes <= 1:
+        yield from map(_ex_job, work)
+        return
+    context = multiprocessing.get_context("forkserver")
+    with context.Pool(processes) as workers:
+        yield from workers.imap(_ex_job, work, chunksize=1)
 
 
 def validate_bird(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from birdenv import suites
 from birdenv.bird import (
     BirdTask,
     execution_accuracy,
+    execution_accuracy_many,
     load_bird,
     validate_bird,
 )
@@ -74,48 +74,56 @@ def shop_task(gold: str, root: Path, question_id: int = 1) -> BirdTask:
     return BirdTask(question_id=question_id, db_id="shop", question="?", SQL=gold, db_dir=root)
 
 
-def official_ex(db_file: Path, pred: str, gold: str, scratch: Path) -> bool:
-    """BIRD's official rule, as its evaluation script runs it: a plain connection on the
-    database, the prediction then the gold on one cursor, ``set(fetchall())`` compared, any
-    exception 0. Run on a private copy (the prediction may write)."""
-    copy = scratch / f"official-{abs(hash((pred, gold)))}.sqlite"
-    shutil.copyfile(db_file, copy)
-    conn = sqlite3.connect(copy)
-    try:
-        cursor = conn.cursor()
-        cursor.execute(pred)
-        predicted = cursor.fetchall()
-        cursor.execute(gold)
-        expected = cursor.fetchall()
-        return set(predicted) == set(expected)
-    except Exception:
-        return False
-    finally:
-        conn.close()
+def pair_params(field: str) -> list:
+    """One pytest param per fixture pair, expecting ``field`` (else ``official``); pairs where
+    ours deliberately differs from the official script are strict xfails naming the reason."""
+    params = []
+    for row in PAIR_ROWS:
+        marks = []
+        if "ours" in row:
+            marks.append(pytest.mark.xfail(strict=True, reason=row["why"]))
+        params.append(pytest.param(row, row.get(field, row["official"]), id=row["id"], marks=marks))
+    return params
 
 
 # -- the borderline fixture -------------------------------------------------------------------
 def test_fixture_has_enough_borderline_pairs_with_reasons() -> None:
     assert len(PAIR_ROWS) >= 40
     assert len({row["id"] for row in PAIR_ROWS}) == len(PAIR_ROWS)
-    assert all(row["note"] and isinstance(row["expected"], bool) for row in PAIR_ROWS)
-    assert {True, False} <= {row["expected"] for row in PAIR_ROWS}
+    assert all(row["note"] and isinstance(row["official"], bool) for row in PAIR_ROWS)
+    assert {True, False} <= {row["official"] for row in PAIR_ROWS}
+    assert all(row["why"] and row["ours"] != row["official"] for row in PAIR_ROWS if "ours" in row)
 
 
-def test_ex_agrees_with_the_official_rule_on_borderline_pairs(
-    shop_root: Path, pool, tmp_path: Path
+@pytest.mark.parametrize(("row", "official"), pair_params("official"))
+def test_ex_agrees_with_the_official_script(
+    row: dict, official: bool, shop_root: Path, pool
 ) -> None:
-    disagreements = []
+    task = shop_task(row["gold"], shop_root)
+    verdict = execution_accuracy(
+        task, row["pred"], pool=pool, statement_timeout=row.get("timeout", 30.0)
+    )
+    assert verdict.correct == official, f"{row['note']}: {verdict.error}"
+
+
+def test_isolated_gold_agrees_except_where_the_prediction_writes(shop_root: Path, pool) -> None:
+    """``isolate_gold=True`` gives the official verdict on every pair, except the reward hacks
+    (the prediction writes until the gold's result equals its own), which score 0."""
+    wrong = []
     for row in PAIR_ROWS:
-        task = shop_task(row["gold"], shop_root)
-        official = official_ex(task.db_path, row["pred"], row["gold"], tmp_path)
-        ours = execution_accuracy(task, row["pred"], pool=pool).correct
-        if not official == ours == row["expected"]:
-            disagreements.append(
-                f"{row['id']}: expected {row['expected']}, official rule {official}, ours {ours}"
-                f" ({row['note']})"
-            )
-    assert disagreements == []
+        if "ours" in row:  # a deliberate difference, tested above
+            continue
+        verdict = execution_accuracy(
+            shop_task(row["gold"], shop_root),
+            row["pred"],
+            pool=pool,
+            statement_timeout=row.get("timeout", 30.0),
+            isolate_gold=True,
+        )
+        if verdict.correct != row.get("isolated", row["official"]):
+            wrong.append(f"{row['id']}: {verdict.correct} ({row['note']})")
+    assert wrong == []
+    assert sum("isolated" in row for row in PAIR_ROWS) >= 4
 
 
 # -- EX itself ----------------------------------------------------------------------------------
@@ -153,6 +161,31 @@ def test_predictions_never_change_the_base_or_each_other(shop_root: Path, pool) 
     assert not execution_accuracy(task, "DELETE FROM orders", pool=pool).correct
     # The next prediction starts from a fresh state: the four orders are back.
     assert execution_accuracy(task, "SELECT 4", pool=pool).correct
+
+
+def test_a_writing_prediction_cannot_win_with_an_isolated_gold(shop_root: Path, pool) -> None:
+    task = shop_task("SELECT id FROM orders WHERE total > 100", shop_root)
+    # The hack is real under the official rule: the gold, run after the DELETE, is empty too.
+    assert execution_accuracy(task, "DELETE FROM orders", pool=pool).correct
+    safe = execution_accuracy(task, "DELETE FROM orders", pool=pool, isolate_gold=True)
+    assert (safe.correct, safe.phase, safe.pred_rows, safe.gold_rows) == (False, "mismatch", 0, 2)
+    # The gold's outcome is kept per database content and SQL: the second time it does not run.
+    again = execution_accuracy(task, "SELECT id FROM big_orders", pool=pool, isolate_gold=True)
+    assert again.correct and again.timings["gold"] == 0.0
+    # A failing gold is a verdict in both modes.
+    bad = shop_task("SELECT nope FROM orders", shop_root)
+    for isolate in (False, True):
+        verdict = execution_accuracy(bad, "SELECT 1", pool=pool, isolate_gold=isolate)
+        assert (verdict.correct, verdict.phase) == (False, "gold")
+
+
+def test_many_in_worker_processes_equals_one_by_one(shop_root: Path) -> None:
+    tasks = [shop_task("SELECT name FROM customers", shop_root, i) for i in (1, 2, 3)]
+    preds = ["SELECT name FROM customers", "SELECT city FROM customers", "SELEC"]
+    jobs = list(zip(tasks, preds, strict=True))
+    serial = [v.phase for v in execution_accuracy_many(jobs)]
+    parallel = [v.phase for v in execution_accuracy_many(jobs, processes=2)]
+    assert serial == parallel == [None, "mismatch", "prediction"]
 
 
 def test_a_missing_database_is_a_setup_verdict(tmp_path: Path, pool) -> None:
@@ -348,6 +381,21 @@ def test_submission_reward(env: gym.Env, statements: list[str], reward: float) -
     assert (got, terminated) == (reward, True)
     assert info["verdict"]["status"] == ("success" if reward else "failed")
     assert obs.startswith("verdict:")
+
+
+def test_the_reward_resists_a_submission_that_empties_the_gold(
+    env: gym.Env, hospital_file: Path
+) -> None:
+    # Question 2's gold lists the departments on floor 2. Under the official rule, deleting every
+    # department returns no rows and leaves the gold (run after it, same state) empty too: 1.
+    task = load_bird(hospital_file, db_root=suites.ensure().db_dir)[1]
+    assert execution_accuracy(task, "DELETE FROM departments").correct
+    env.reset(options={"task_id": 2})
+    _, reward, terminated, _, info = env.step(submit(["DELETE FROM departments"]))
+    assert (reward, terminated, info["verdict"]["phase"]) == (0.0, True, "mismatch")
+    env.reset(options={"task_id": 2})
+    _, reward, *_ = env.step(submit(["SELECT name FROM departments WHERE floor = 2"]))
+    assert reward == 1.0
 
 
 def test_running_out_of_turns_truncates(env: gym.Env) -> None:

@@ -73,6 +73,12 @@ class BirdSQLEnv(ToolEnv):
     malformed calls give 0. ``sql_list`` should hold one statement; when it holds more, **only the
     last one is the answer** and the others are ignored (not run); an empty list scores 0.
 
+    The gold query runs on a pristine state of its own (``isolate_gold=True``, its result cached
+    per question), not after the submission on the same state as the official script does: there
+    a submission that writes (``DELETE FROM t``) can empty the gold's result and then equal it, a
+    reward hack. Here writes only reach the submission's own result. On every submission that
+    does not write, the reward is the official EX.
+
     ## Starting State
     A question drawn with ``self.np_random`` (or ``options={"task_id": ...}``, the question id as
     an int or a string), on a fresh state of its database.
@@ -140,7 +146,7 @@ class BirdSQLEnv(ToolEnv):
         return task.difficulty
 
     def judge_submission(self, sql_list: list[str]) -> tuple[ExVerdict, float]:
-        """Execution accuracy of the last statement (the answer) on a fresh state."""
+        """Execution accuracy of the last statement (the answer), the gold on a pristine state."""
         if not sql_list:
             verdict = ExVerdict(
                 instance_id=self.task.instance_id,
@@ -154,5 +160,6 @@ class BirdSQLEnv(ToolEnv):
                 sql_list[-1],
                 pool=self.pool,
                 statement_timeout=self.limits.statement_timeout,
+                isolate_gold=True,  # a submission that writes must not change the gold's result
             )
         return verdict, verdict.fraction
