@@ -1,7 +1,7 @@
 """The ``birdenv`` command: bundled data, official-style evaluation, a terminal agent, diagnostics.
 
 birdenv data list | build [--force] | validate [--suite NAME | --tasks T --db-dir D]
-birdenv evaluate PRED.jsonl [--tasks T] [--db-dir D] [--out OUT.jsonl] [--jobs N]
+birdenv evaluate PRED [--suite S | --tasks T --db-dir D] [--scorer auto|critic|ex] [--out OUT] [--jobs N]
 birdenv doctor
 """
 
@@ -46,15 +46,20 @@ def _progress(
         stream.write("\n")
 
 
-def _success_table(rows: list[dict[str, Any]]) -> str:
-    """Success Rate overall and per category, as the official report counts it."""
+def _success_table(
+    rows: list[dict[str, Any]],
+    *,
+    key: str = "category",
+    order: tuple[str, ...] = CATEGORIES,
+    metric: str = "SR %",
+) -> str:
+    """The share of successes overall and per ``key`` (Success Rate per category by default;
+    execution accuracy per difficulty for BIRD), as the official reports count it."""
     by_category: dict[str, list[bool]] = defaultdict(list)
     for row in rows:
-        by_category[row.get("category") or "unknown"].append(row["status"] == "success")
-    ordered = [c for c in CATEGORIES if c in by_category] + sorted(
-        set(by_category) - set(CATEGORIES)
-    )
-    lines = [f"{'category':<16}{'n':>6}{'success':>9}{'SR %':>8}"]
+        by_category[row.get(key) or "unknown"].append(row["status"] == "success")
+    ordered = [c for c in order if c in by_category] + sorted(set(by_category) - set(order))
+    lines = [f"{key:<16}{'n':>6}{'success':>9}{metric:>8}"]
     for category in ordered:
         results = by_category[category]
         lines.append(
@@ -98,7 +103,7 @@ def _cmd_data_build(args: argparse.Namespace) -> int:
 def _select_tasks(args: argparse.Namespace) -> list[Task]:
     if args.tasks:
         return load_tasks(args.tasks, db_dir=args.db_dir)
-    return load_tasks(args.suite)
+    return load_tasks(args.suite or "critic-mini")
 
 
 def _cmd_data_validate(args: argparse.Namespace) -> int:
@@ -141,82 +146,83 @@ def _cmd_data_validate(args: argparse.Namespace) -> int:
 
 
 # -- birdenv evaluate --------------------------------------------------------------------------
-def _read_predictions(path: Path, args: argparse.Namespace) -> Iterator[tuple[int, Any]]:
-    """Yield ``(line, (task, pred_sqls, warnings) | error message)`` for each input row."""
-    known: dict[str, Task] | None = None
-    db_dir = args.db_dir
+class _InputError(str):
+    """An input row that cannot be scored: the message says which row and why.
+
+    A ``str`` subclass, so the critic path's ``isinstance(item, str)`` checks see it, and distinct
+    from a JSONL line that is itself a JSON string.
+    """
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line, decoded row | error message)`` for each non-blank line of a JSONL file."""
     with path.open(encoding="utf-8") as fh:
         for lineno, text in enumerate(fh, 1):
             if not text.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
-                row = json.loads(text)
+                yield lineno, json.loads(text)
             except json.JSONDecodeError as exc:
-                yield lineno, f"{where}: not valid JSON ({exc.msg})"
-                continue
-            if not isinstance(row, dict) or "pred_sqls" not in row:
-                yield lineno, f"{where}: expected an object with 'pred_sqls'"
-                continue
-            warnings = []
-            pred = row.pop("pred_sqls")
-            if isinstance(pred, str):
-                warnings.append(
-                    "pred_sqls is a string, not a list: split on [split] as the official reader does"
-                )
-            elif not isinstance(pred, list) or not all(isinstance(s, str) for s in pred):
-                yield lineno, f"{where}: field 'pred_sqls': expected a list of SQL strings"
-                continue
-            if "issue_sql" in row or "error_sql" in row:  # a full task row, the official input form
-                from birdenv.tasks import parse_task
+                yield lineno, _InputError(f"{path}:{lineno}: not valid JSON ({exc.msg})")
 
-                try:
-                    task = parse_task(
-                        row, source=str(path), line=lineno, db_dir=db_dir or _default_db_dir(args)
-                    )
-                except TaskFormatError as exc:
-                    yield lineno, str(exc)
-                    continue
-            else:
-                if known is None:
-                    known = {t.instance_id: t for t in _select_tasks(args)}
-                task = known.get(str(row.get("instance_id")))
-                if task is None:
-                    yield (
-                        lineno,
-                        f"{where}: instance_id {row.get('instance_id')!r} is not in the task set",
-                    )
-                    continue
-            yield lineno, (task, pred, warnings)
+
+def _read_predictions(path: Path, args: argparse.Namespace) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line, (task, pred_sqls, warnings) | error message)`` for each input row."""
+    known: dict[str, Task] | None = None
+    db_dir = args.db_dir
+    for lineno, row in _jsonl_rows(path):
+        where = f"{path}:{lineno}"
+        if isinstance(row, _InputError):
+            yield lineno, row
+            continue
+        if not isinstance(row, dict) or "pred_sqls" not in row:
+            yield lineno, f"{where}: expected an object with 'pred_sqls'"
+            continue
+        warnings = []
+        pred = row.pop("pred_sqls")
+        if isinstance(pred, str):
+            warnings.append(
+                "pred_sqls is a string, not a list: split on [split] as the official reader does"
+            )
+        elif not isinstance(pred, list) or not all(isinstance(s, str) for s in pred):
+            yield lineno, f"{where}: field 'pred_sqls': expected a list of SQL strings"
+            continue
+        if "issue_sql" in row or "error_sql" in row:  # a full task row, the official input form
+            from birdenv.tasks import parse_task
+
+            try:
+                task = parse_task(
+                    row, source=str(path), line=lineno, db_dir=db_dir or _default_db_dir(args)
+                )
+            except TaskFormatError as exc:
+                yield lineno, str(exc)
+                continue
+        else:
+            if known is None:
+                known = {t.instance_id: t for t in _select_tasks(args)}
+            task = known.get(str(row.get("instance_id")))
+            if task is None:
+                yield (
+                    lineno,
+                    f"{where}: instance_id {row.get('instance_id')!r} is not in the task set",
+                )
+                continue
+        yield lineno, (task, pred, warnings)
 
 
 def _default_db_dir(args: argparse.Namespace) -> Path:
-    return Path(args.db_dir) if args.db_dir else load_tasks(args.suite)[0].db_dir
+    return Path(args.db_dir) if args.db_dir else load_tasks(args.suite or "critic-mini")[0].db_dir
 
 
-def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from birdenv.judge import judge_many
-
-    path = Path(args.predictions)
-    if not path.is_file():
-        print(f"birdenv evaluate: no such file: {path}", file=sys.stderr)
-        return 2
-    entries = list(_read_predictions(path, args))
-    good = [(line, item) for line, item in entries if not isinstance(item, str)]
-    started = time.perf_counter()
-    verdicts = iter(
-        _progress(
-            judge_many(
-                ((task, pred) for _, (task, pred, _) in good),
-                processes=args.jobs,
-                statement_timeout=args.statement_timeout,
-                instance_timeout=args.instance_timeout,
-                cache=args.cache,
-            ),
-            len(good),
-            "judging",
-        )
-    )
+def _scored_rows(
+    entries: list[tuple[int, Any]],
+    verdicts: Iterator[Any],
+    path: Path,
+    fields: Any,
+) -> list[dict[str, Any]]:
+    """One output row per input entry, in input order: an ``"input"`` failure for a row that could
+    not be read (with a warning naming it), else its verdict plus ``fields(task)`` and any
+    warnings. ``verdicts`` yields one verdict per readable entry, in order."""
     rows = []
     for line, item in entries:
         if isinstance(item, str):
@@ -233,19 +239,256 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             continue
         task, _, warnings = item
         verdict = next(verdicts)
-        row = {**verdict.to_dict(), "category": task.category, "line": line}
+        row = {**verdict.to_dict(), **fields(task), "line": line}
         if warnings:
             row["warnings"] = warnings
             for warning in warnings:
                 print(f"warning: {path}:{line}: {warning}", file=sys.stderr)
         rows.append(row)
-    elapsed = time.perf_counter() - started
+    return rows
+
+
+def _write_verdicts(rows: list[dict[str, Any]], path: Path, args: argparse.Namespace) -> Path:
     out = Path(args.out) if args.out else path.with_name(path.stem + ".verdicts.jsonl")
     with out.open("w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return out
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from birdenv.judge import judge_many
+
+    path = Path(args.predictions)
+    if not path.is_file():
+        print(f"birdenv evaluate: no such file: {path}", file=sys.stderr)
+        return 2
+    scorer, reason = _pick_scorer(args, path)
+    if scorer == "ex":
+        print(f"scoring BIRD execution accuracy ({reason})", file=sys.stderr)
+        return _evaluate_bird(args, path)
+    entries = list(_read_predictions(path, args))
+    good = [(line, item) for line, item in entries if not isinstance(item, str)]
+    started = time.perf_counter()
+    verdicts = iter(
+        _progress(
+            judge_many(
+                ((task, pred) for _, (task, pred, _) in good),
+                processes=args.jobs,
+                statement_timeout=args.statement_timeout,
+                instance_timeout=args.instance_timeout,
+                cache=args.cache,
+            ),
+            len(good),
+            "judging",
+        )
+    )
+    rows = _scored_rows(entries, verdicts, path, lambda task: {"category": task.category})
+    elapsed = time.perf_counter() - started
+    out = _write_verdicts(rows, path, args)
     print(_success_table(rows))
     print(f"judged {len(good)} predictions in {elapsed:.1f} s; verdicts written to {out}")
+    return 0
+
+
+# -- birdenv evaluate, BIRD text-to-SQL ----------------------------------------------------------
+#: What BIRD's own scripts put between a predicted query and its database name.
+BIRD_SEPARATOR = "\t----- bird -----\t"
+_CRITIC_KEYS = ("pred_sqls", "instance_id", "issue_sql", "error_sql")
+_BIRD_KEYS = ("question_id", "pred_sql", "SQL")
+
+
+def _bird_object(path: Path) -> dict[str, Any] | None:
+    """The prediction file as BIRD's official JSON object ``{question_id: "SQL<sep>db_id"}``, or
+    ``None`` when it is not one (JSONL rows, one per line, are read elsewhere)."""
+    with path.open(encoding="utf-8") as fh:
+        head = fh.read(1 << 16)
+    if not head.lstrip().startswith("{"):
+        return None
+    try:
+        whole = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None  # several lines of JSON objects: JSONL
+    if not isinstance(whole, dict) or any(k in whole for k in (*_CRITIC_KEYS, *_BIRD_KEYS)):
+        return None  # a single JSONL row
+    return whole
+
+
+def _pick_scorer(args: argparse.Namespace, path: Path) -> tuple[str, str]:
+    """``("critic" | "ex", why)``: ``--scorer``, else the suite, else the input's own shape."""
+    from birdenv.bird import BIRD_SUITES
+
+    if args.scorer != "auto":
+        return args.scorer, f"--scorer {args.scorer}"
+    if args.suite:
+        return ("ex" if args.suite in BIRD_SUITES else "critic"), f"--suite {args.suite}"
+    if _bird_object(path) is not None:
+        return "ex", "an official BIRD prediction file"
+    for source, label in ((path, "prediction"), (Path(args.tasks or ""), "task")):
+        if not source.is_file():
+            continue
+        first = next((row for _, row in _jsonl_rows(source) if isinstance(row, dict)), None)
+        if source.suffix == ".json" and first is None:  # an official dev.json: one JSON array
+            try:
+                rows = json.loads(source.read_text(encoding="utf-8"))
+            except json.JSONDecodeError:
+                rows = []
+            first = rows[0] if isinstance(rows, list) and rows else None
+        if isinstance(first, dict) and any(k in first for k in _CRITIC_KEYS):
+            return "critic", f"the {label} rows are BIRD-CRITIC rows"
+        if isinstance(first, dict) and any(k in first for k in _BIRD_KEYS):
+            return "ex", f"the {label} rows are BIRD rows"
+    return "critic", "the default"
+
+
+def _read_bird_predictions(path: Path) -> Iterator[tuple[int, str, Any]]:
+    """Yield ``(position, where, (question_id, sql, db_id | None, warnings) | error)`` for each
+    prediction; ``where`` names the entry in messages.
+
+    Two forms: BIRD's own JSON object ``{"<question_id>": "<SQL>\\t----- bird -----\\t<db_id>"}``
+    (position = the entry's rank in the object) or JSONL rows with ``question_id`` and ``pred_sql``
+    (or ``SQL``; ``pred_sql`` wins when a row has both, so a task row can carry its prediction).
+    """
+    whole = _bird_object(path)
+    if whole is not None:
+        for position, (key, value) in enumerate(whole.items(), 1):
+            where = f"{path}: entry {position} (key {key!r})"
+            parts = value.split(BIRD_SEPARATOR) if isinstance(value, str) else []
+            if not parts:
+                error = f"expected a string 'SQL{BIRD_SEPARATOR}db_id', got {type(value).__name__}"
+            elif len(parts) > 2:
+                error = f"the separator {BIRD_SEPARATOR!r} appears more than once"
+            else:
+                warnings = []
+                if len(parts) == 1:
+                    warnings.append(
+                        f"no {BIRD_SEPARATOR!r}db_id after the SQL: all of it is the SQL"
+                    )
+                db_id = parts[1].strip() if len(parts) == 2 else None
+                yield position, where, (key, parts[0], db_id, warnings)
+                continue
+            yield position, where, _InputError(f"{where}: {error}")
+        return
+    for lineno, row in _jsonl_rows(path):
+        where = f"{path}:{lineno}"
+        if isinstance(row, _InputError):
+            yield lineno, where, row
+        elif not isinstance(row, dict) or "question_id" not in row:
+            message = f"{where}: expected an object with 'question_id' and 'pred_sql'"
+            yield lineno, where, _InputError(message)
+        elif not isinstance(row.get("pred_sql", row.get("SQL")), str):
+            message = f"{where}: field 'pred_sql' (or 'SQL'): expected an SQL string"
+            yield lineno, where, _InputError(message)
+        else:
+            sql = row.get("pred_sql", row.get("SQL"))
+            db_id = row.get("db_id") if isinstance(row.get("db_id"), str) else None
+            yield lineno, where, (row["question_id"], sql, db_id, [])
+
+
+def _bird_entries(path: Path, tasks: list[Any], source: str) -> list[tuple[int, Any]]:
+    """The predictions matched to their questions by question id (the official scripts pair
+    them by position; the id is what says which question a prediction answers):
+    ``(position, (task, sql, warnings) | error)``. An unknown or repeated id is an error naming
+    the entry; the first prediction of a question is the one scored."""
+    by_id = {task.question_id: task for task in tasks}
+    first_at: dict[int, str] = {}
+    entries: list[tuple[int, Any]] = []
+    for position, where, item in _read_bird_predictions(path):
+        if isinstance(item, str):
+            entries.append((position, item))
+            continue
+        raw_id, sql, db_id, warnings = item
+        # The official object's keys are strings: "12" is question 12.
+        qid = int(raw_id) if isinstance(raw_id, str) and raw_id.strip().isdigit() else raw_id
+        if isinstance(qid, bool) or not isinstance(qid, int):
+            error = f"question_id {raw_id!r} is not an integer"
+        elif qid not in by_id:
+            error = f"question_id {qid} is not in the task set ({source})"
+        elif qid in first_at:
+            error = f"question_id {qid} again (first at {first_at[qid]}): only the first is scored"
+        else:
+            first_at[qid] = where
+            task = by_id[qid]
+            if db_id is not None and db_id != task.db_id:
+                warnings = [
+                    *warnings,
+                    f"db_id {db_id!r} is not the database of question {qid} ({task.db_id!r}): "
+                    f"scored on {task.db_id!r}",
+                ]
+            entries.append((position, (task, sql, warnings)))
+            continue
+        entries.append((position, _InputError(f"{where}: {error}")))
+    return entries
+
+
+def _evaluate_bird(args: argparse.Namespace, path: Path) -> int:
+    """Execution accuracy of BIRD predictions, overall and per difficulty, with the official rule.
+
+    Every question of the task set counts: one with no (readable) prediction scores 0 (phase
+    ``"missing"``), so EX is over the whole set as in BIRD's own report.
+    """
+    from birdenv.bird import DIFFICULTIES, execution_accuracy_many, load_bird
+
+    db_root = args.db_root or args.db_dir
+    if args.tasks:
+        if not db_root:
+            print(
+                "birdenv evaluate: --tasks needs --db-root DIR (holding {db_id}/{db_id}.sqlite)",
+                file=sys.stderr,
+            )
+            return 2
+        source = args.tasks
+        tasks = load_bird(args.tasks, db_root=db_root)
+    else:
+        source = args.suite if args.suite else "bird-mini-eval"
+        tasks = load_bird(source, db_root=db_root)
+    entries = _bird_entries(path, tasks, source)
+    good = [item for _, item in entries if not isinstance(item, str)]
+    started = time.perf_counter()
+    verdicts = iter(
+        _progress(
+            execution_accuracy_many(
+                ((task, sql) for task, sql, _ in good),
+                processes=args.jobs,
+                statement_timeout=30.0
+                if args.statement_timeout is None
+                else args.statement_timeout,
+            ),
+            len(good),
+            "scoring",
+        )
+    )
+
+    def fields(task: Any) -> dict[str, Any]:
+        return {"question_id": task.question_id, "db_id": task.db_id, "difficulty": task.difficulty}
+
+    rows = _scored_rows(entries, verdicts, path, fields)
+    scored = {row["question_id"] for row in rows if row.get("phase") != "input"}
+    missing = [task for task in tasks if task.question_id not in scored]
+    for task in missing:
+        rows.append(
+            {
+                "instance_id": task.instance_id,
+                "status": "failed",
+                "correct": False,
+                "phase": "missing",
+                "error": "no prediction for this question",
+                **fields(task),
+            }
+        )
+    if missing:
+        print(
+            f"warning: {len(missing)} of the {len(tasks)} questions have no prediction: scored 0",
+            file=sys.stderr,
+        )
+    elapsed = time.perf_counter() - started
+    out = _write_verdicts(rows, path, args)
+    questions = [row for row in rows if row.get("phase") != "input"]
+    print(_success_table(questions, key="difficulty", order=DIFFICULTIES, metric="EX %"))
+    print(
+        f"scored {len(good)} predictions for {len(tasks)} questions ({source}) in {elapsed:.1f} s; "
+        f"verdicts written to {out}"
+    )
     return 0
 
 
@@ -349,11 +592,27 @@ def _build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     validate.set_defaults(func=_cmd_data_validate)
 
-    evaluate = commands.add_parser("evaluate", help="judge predictions like the official evaluator")
-    evaluate.add_argument(
-        "predictions", help="JSONL: task rows with pred_sqls, or instance_id + pred_sqls"
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="judge predictions like the official evaluators (BIRD-CRITIC SR, or BIRD EX)",
     )
-    _add_task_source(evaluate)
+    evaluate.add_argument(
+        "predictions",
+        help="BIRD-CRITIC JSONL (task rows with pred_sqls, or instance_id + pred_sqls); or BIRD "
+        "predictions: the official JSON object {question_id: 'SQL\\t----- bird -----\\tdb_id'} "
+        "or JSONL rows of question_id + pred_sql (or SQL)",
+    )
+    _add_task_source(evaluate, bird=True)
+    evaluate.add_argument(
+        "--db-root", help="BIRD: folder holding {db_id}/{db_id}.sqlite (with --tasks dev.json)"
+    )
+    evaluate.add_argument(
+        "--scorer",
+        choices=("auto", "critic", "ex"),
+        default="auto",
+        help="critic: BIRD-CRITIC's judge (Success Rate by category); ex: BIRD's execution "
+        "accuracy by difficulty; auto (default): from --suite, else from the shape of the input",
+    )
     evaluate.add_argument(
         "--out", help="verdicts JSONL (default: PRED.verdicts.jsonl beside the input)"
     )
@@ -362,7 +621,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--statement-timeout",
         type=float,
         default=None,
-        help="seconds per statement (default: none, like the official evaluator)",
+        help="seconds per statement (default: none, like the official BIRD-CRITIC evaluator; "
+        "30 for BIRD EX, the official meta_time_out)",
     )
     evaluate.add_argument(
         "--instance-timeout",
@@ -398,10 +658,19 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_task_source(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--suite", default="critic-mini", choices=suites.names(), help="bundled suite"
-    )
+def _add_task_source(parser: argparse.ArgumentParser, *, bird: bool = False) -> None:
+    if bird:  # no default: the suite, if given, also says which scorer applies
+        from birdenv.bird import BIRD_SUITES
+
+        parser.add_argument(
+            "--suite",
+            choices=[*suites.names(), *BIRD_SUITES],
+            help="bundled suite (default: critic-mini, or bird-mini-eval for BIRD predictions)",
+        )
+    else:
+        parser.add_argument(
+            "--suite", default="critic-mini", choices=suites.names(), help="bundled suite"
+        )
     parser.add_argument("--tasks", help="official task JSONL (instead of a bundled suite)")
     parser.add_argument("--db-dir", help="folder holding {db_id}/{db_id}_template.sqlite")
 
