@@ -1,14 +1,22 @@
 """Soak: many trajectories through a 32-worker async vector env, nothing leaks, nobody escapes.
 
-A scripted policy plays every episode: a read, DDL that creates a table under a name every
-trajectory shares, a write of a marker unique to the trajectory, one hostile statement drawn from
-the committed catalogue (fast cases only), an isolation check (the table holds exactly this
-trajectory's two markers and nobody else's), then a submission that the judge scores. Recorded:
-trajectories/s, p50/p99 latency of one vector step, and open fds, resident memory (workers plus
-this process) and the pool root's disk at start and end.
+A scripted policy plays every episode: a read of the task's data, DDL that creates a table under a
+name every trajectory shares, a write of a marker unique to the trajectory, one hostile statement
+drawn from the committed catalogue (fast cases only), an isolation check (the table holds exactly
+this trajectory's two markers and nobody else's), then a submission of the task's issue SQL that
+the judge scores. Recorded: trajectories/s, p50/p99 latency of one vector step, and open fds,
+resident memory (workers plus this process) and the pool root's disk at start and end, plus the
+same figures every ``SOAK_EVERY`` trajectories (a leak grows with the count; warm-up does not).
+
+The default mix drops two costs that measure task content rather than the environment (profiled on
+256 trajectories in one process: the issue SQL as the opening read took 43 % of the time, and one
+task, ``movie_platform_022``, whose issue SQL deletes most of a 100k-row table, took 38 %; in a
+lock-step vector env every other worker waits for it). The read is a cheap ``SELECT`` of the
+task's first table instead, and that task is left out. ``SOAK_HEAVY=1`` restores both.
 
 Parameters (environment): ``SOAK_TRAJECTORIES`` (default 20000), ``SOAK_WORKERS`` (default 32),
-``SOAK_SEED``. Marked slow: ``SOAK_TRAJECTORIES=1000 pytest benchmarks/test_soak.py -m slow -s``.
+``SOAK_SEED``, ``SOAK_EVERY`` (default 1000), ``SOAK_HEAVY``, ``SOAK_REPORT`` (a JSON file).
+Marked slow: ``SOAK_TRAJECTORIES=1000 pytest benchmarks/test_soak.py -m slow -s``.
 """
 
 from __future__ import annotations
@@ -16,8 +24,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import sqlite3
 import statistics
 import time
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +42,8 @@ CATALOGUE = Path(__file__).parent.parent / "tests" / "fixtures" / "hostile" / "c
 SOAK_CATEGORIES = ("file_access", "state_escape", "encoding")
 _SPARE = ("drop-table", "query-only", "foreign-keys-cascade", "temp-table-shadow")
 SMALL_DBS = ("hospital_records", "school_district", "movie_platform")
+# Issue SQL that rewrites most of a large table: ~1.1 s per trajectory on an idle core.
+HEAVY_TASKS = ("movie_platform_022",)
 
 
 def _hostile() -> list[str]:
@@ -60,6 +72,16 @@ def _tree_stats(pids: list[int]) -> tuple[int, int]:
     return fds, rss
 
 
+def _first_table(db_path: Path) -> str:
+    """The first table of a task's database, for the opening read."""
+    with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as conn:
+        row = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+            "ORDER BY name LIMIT 1"
+        ).fetchone()
+    return row[0]
+
+
 def _disk(root: Path) -> int:
     """Allocated bytes of the sessions' files (bases are materialised once, on first use)."""
     return sum(p.stat().st_blocks * 512 for p in (root / "sessions").rglob("*") if p.is_file())
@@ -70,7 +92,14 @@ def test_soak(tmp_path: Path) -> None:
     total = int(os.environ.get("SOAK_TRAJECTORIES", "20000"))
     workers = int(os.environ.get("SOAK_WORKERS", "32"))
     rng = random.Random(int(os.environ.get("SOAK_SEED", "0")))
-    tasks = [t for t in load_tasks("critic-mini") if t.db_id in SMALL_DBS]
+    every = int(os.environ.get("SOAK_EVERY", "1000"))
+    heavy = os.environ.get("SOAK_HEAVY", "") not in ("", "0")
+    tasks = [
+        t
+        for t in load_tasks("critic-mini")
+        if t.db_id in SMALL_DBS and (heavy or t.instance_id not in HEAVY_TASKS)
+    ]
+    first_table = {t.db_id: _first_table(t.db_path) for t in tasks}
     by_id = {t.instance_id: t for t in tasks}
     hostile = _hostile()
     root = tmp_path / "replicas"
@@ -102,7 +131,13 @@ def test_soak(tmp_path: Path) -> None:
         if p == 0:
             counter += 1
             marker[i] = f"w{i}-t{counter}"
-            return format_tool_call("execute_sql", sql=task.issue_sql[0] if task else "SELECT 1")
+            if heavy or task is None:
+                return format_tool_call(
+                    "execute_sql", sql=task.issue_sql[0] if task else "SELECT 1"
+                )
+            return format_tool_call(
+                "execute_sql", sql=f'SELECT * FROM "{first_table[task.db_id]}" LIMIT 5'
+            )
         if p == 1:
             return format_tool_call(
                 "execute_sql", sql=f"CREATE TABLE soak_t AS SELECT '{marker[i]}' AS m"
@@ -118,9 +153,24 @@ def test_soak(tmp_path: Path) -> None:
             )
         return format_tool_call("submit_solution", sql_list=list(task.issue_sql) if task else [])
 
+    checkpoints: list[dict] = []
+    next_report = every
     while done_trajectories < total:
         if start_stats is None and done_trajectories >= workers:
             start_stats = (*_tree_stats(pids), _disk(root), done_trajectories, time.perf_counter())
+        if done_trajectories >= next_report:
+            next_report += every
+            fds, rss = _tree_stats(pids)
+            point = {
+                "trajectories": done_trajectories,
+                "seconds": round(time.perf_counter() - started, 1),
+                "fds": fds,
+                "rss_mb": round(rss / 2**20),
+                "sessions_disk_mb": round(_disk(root) / 2**20, 1),
+                "violations": violations,
+            }
+            checkpoints.append(point)
+            print("SOAK-PROGRESS " + json.dumps(point), flush=True)
         actions = [action(i) if not autoreset[i] else "" for i in range(workers)]
         t0 = time.perf_counter()
         obs, _rewards, terminated, truncated, infos = envs.step(actions)
@@ -158,6 +208,8 @@ def test_soak(tmp_path: Path) -> None:
             sum(p.stat().st_size for p in (root / "bases").glob("*.sqlite")) / 2**20, 1
         ),
         "isolation_violations": violations,
+        "heavy_mix": heavy,
+        "checkpoints": checkpoints,
     }
     print("\nSOAK " + json.dumps(report))
     out = os.environ.get("SOAK_REPORT")

@@ -1,0 +1,419 @@
+"""Fuzz campaign: the copy-on-write overlay against a private full copy, statement by statement.
+
+A hypothesis state machine builds a base with a random ``page_size`` (512 … 65536) and a random
+journal mode *on the base* (the rollback header or WAL's), opens several sessions on it and
+interleaves random statements over them: DDL (CREATE/ALTER/DROP, indexes, WITHOUT ROWID), writes,
+blobs that span many pages, VACUUM (also with a new page size), ``auto_vacuum``, transactions with
+ROLLBACK and SAVEPOINTs, TEMP tables, a small page cache that forces spills mid-transaction,
+journal-mode switches (DELETE, TRUNCATE, PERSIST, MEMORY, WAL, OFF) and checkpoints, and session
+reopens. Each session has a reference: plain ``sqlite3`` on ``shutil.copy`` of the same base, sent
+the same statements. After every step every session must give the reference's results and errors,
+the same contents, schema and ``PRAGMA integrity_check``, and the base's bytes must be unchanged.
+
+Three drivers: ``vfs`` (raw connections on :func:`birdenv.replicas.overlay.session_uri`, explicit
+transactions, every pragma) and the replica pool's ``overlay`` and ``copy`` strategies (statements
+through :meth:`Session.execute`, the evaluator's way; the reference runs them with
+:func:`run_statement` under the same guard).
+
+Default run: a few examples (``FUZZ_EXAMPLES``, default 6). The campaign is the slow test: it runs
+for ``FUZZ_MINUTES`` (default 30), records every failure, and prints the counts::
+
+    FUZZ_MINUTES=30 nice -n 10 pytest tests/test_overlay_fuzz.py -m slow -s
+
+Findings are kept below as explicit regression tests with their minimal sequences.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import tempfile
+import time
+import traceback
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from birdenv.replicas import ReplicaPool, overlay
+from birdenv.replicas.guard import authorizer
+from birdenv.replicas.session import Limits, run_statement
+from birdenv.suites import file_sha256
+from birdenv.tasks import parse_task
+
+pytestmark = pytest.mark.skipif(
+    not overlay.available(), reason=f"overlay VFS unavailable: {overlay.unavailable_reason()}"
+)
+
+PAGE_SIZES = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
+JOURNAL_MODES = ["DELETE", "TRUNCATE", "PERSIST", "MEMORY", "WAL", "OFF"]
+DRIVERS = ["vfs", "vfs", "overlay", "copy"]  # the raw VFS is the one that matters most
+MAX_SESSIONS = 3
+
+BASE_SQL = """
+CREATE TABLE parent (id INTEGER PRIMARY KEY, name TEXT NOT NULL, blob BLOB);
+CREATE TABLE child (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    parent_id INTEGER REFERENCES parent(id) ON DELETE CASCADE,
+    v REAL, note TEXT);
+CREATE INDEX child_parent ON child(parent_id);
+CREATE TABLE kv (k TEXT PRIMARY KEY, v) WITHOUT ROWID;
+CREATE VIEW heavy AS SELECT parent_id, count(*) AS n FROM child GROUP BY parent_id;
+CREATE TRIGGER child_note AFTER INSERT ON child WHEN new.note IS NULL
+BEGIN UPDATE child SET note = 'auto' || new.id WHERE id = new.id; END;
+"""
+
+
+def build_base(path: Path, page_size: int, journal_mode: str, rows: int, blob: int) -> Path:
+    """A deterministic base with ``page_size`` and, in its header, ``journal_mode``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute(f"PRAGMA page_size = {page_size}")
+        conn.execute("PRAGMA synchronous = OFF")
+        conn.executescript(BASE_SQL)
+        conn.execute("BEGIN")
+        for i in range(1, rows + 1):
+            conn.execute(
+                "INSERT INTO parent VALUES (?, ?, ?)",
+                (i, f"p{i}", bytes([i % 251]) * (blob if i % 4 == 0 else 7 * i)),
+            )
+            for j in range(3):
+                conn.execute(
+                    "INSERT INTO child (parent_id, v, note) VALUES (?, ?, ?)",
+                    (i, i * 1.5 + j, None if j == 2 else "n" * (i + j)),
+                )
+            conn.execute("INSERT INTO kv VALUES (?, ?)", (f"k{i:03d}", i * i))
+        conn.execute("COMMIT")
+        if journal_mode == "WAL":
+            conn.execute("PRAGMA journal_mode = WAL")  # header bytes 18/19 = 2
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    return path
+
+
+# ------------------------------------------------------------------------ the statements
+
+N = st.integers(0, 40)
+TABLES = st.sampled_from(["parent", "child", "kv", "extra", "t_new", "tmp_t"])
+
+
+def _blob(n: int, size: int) -> str:
+    # Deterministic content (randomblob would differ between the session and its reference).
+    return f"CAST(printf('%.*c', {size}, char(65 + {n} % 26)) AS BLOB)"
+
+
+@st.composite
+def statements(draw: st.DrawFn, driver: str) -> list[str]:
+    """One step: usually one statement, sometimes a short sequence (e.g. page_size + VACUUM)."""
+    n = draw(N)
+    size = draw(st.sampled_from([10, 600, 5000, 70_000, 300_000]))
+    k = draw(st.integers(2, 5))
+    options = [
+        f"INSERT INTO parent (name, blob) VALUES ('x{n}', {_blob(n, size)})",
+        f"INSERT INTO child (parent_id, v, note) VALUES ({n}, {n}.25, NULL)",
+        f"INSERT INTO child (parent_id, v, note) SELECT parent_id, v + 1, note FROM child "
+        f"WHERE id % {k} = 0 LIMIT {n}",
+        f"INSERT OR REPLACE INTO kv VALUES ('k{n:03d}', {_blob(n, size // 10 + 1)})",
+        f"UPDATE parent SET blob = {_blob(n, size)} WHERE id % {k} = {n % k}",
+        f"UPDATE child SET v = v * 2, note = note || '{n}' WHERE parent_id % {k} = 1",
+        f"DELETE FROM parent WHERE id % {k} = {n % k}",
+        f"DELETE FROM child WHERE id > {n * 3}",
+        f"DELETE FROM kv WHERE k < 'k{n:03d}'",
+        "CREATE TABLE IF NOT EXISTS extra (a INTEGER PRIMARY KEY, b TEXT, c BLOB)",
+        f"INSERT INTO extra (b, c) VALUES ('e{n}', zeroblob({size}))",
+        f"CREATE TABLE IF NOT EXISTS t_new AS SELECT id, name, length(blob) AS l FROM parent "
+        f"WHERE id > {n}",
+        "DROP TABLE IF EXISTS extra",
+        "DROP TABLE IF EXISTS t_new",
+        f"ALTER TABLE parent ADD COLUMN c{n} TEXT DEFAULT 'd{n}'",
+        f"ALTER TABLE parent DROP COLUMN c{n}",
+        "ALTER TABLE t_new RENAME TO t_renamed",
+        "ALTER TABLE t_renamed RENAME TO t_new",
+        "ALTER TABLE child RENAME COLUMN note TO remark",
+        "ALTER TABLE child RENAME COLUMN remark TO note",
+        f"CREATE INDEX IF NOT EXISTS ix_{n % 4} ON child(v, note)",
+        f"CREATE UNIQUE INDEX IF NOT EXISTS ux_{n % 3} ON parent(name)",
+        f"DROP INDEX IF EXISTS ix_{n % 4}",
+        f"DROP INDEX IF EXISTS ux_{n % 3}",
+        "CREATE TEMP TABLE IF NOT EXISTS tmp_t (x INTEGER, y BLOB)",
+        f"INSERT INTO tmp_t VALUES ({n}, {_blob(n, size)})",
+        "DROP TABLE IF EXISTS temp.tmp_t",
+        "VACUUM",
+        "PRAGMA foreign_keys = ON",
+        "PRAGMA foreign_keys = OFF",
+        "PRAGMA integrity_check",
+        "BEGIN",
+        "BEGIN IMMEDIATE",
+        "COMMIT",
+        "ROLLBACK",
+        f"SAVEPOINT sp{n % 3}",
+        f"ROLLBACK TO sp{n % 3}",
+        f"RELEASE sp{n % 3}",
+    ]
+    if driver == "vfs":
+        # The pool's sessions force WAL before every statement (as the evaluator does) and keep
+        # the guard, so journal modes, page sizes and cache sizes are the raw VFS's business.
+        options += [
+            f"PRAGMA journal_mode = {draw(st.sampled_from(JOURNAL_MODES))}",
+            f"PRAGMA journal_mode = {draw(st.sampled_from(JOURNAL_MODES))}",
+            f"PRAGMA wal_checkpoint({draw(st.sampled_from(['PASSIVE', 'FULL', 'RESTART', 'TRUNCATE']))})",
+            f"PRAGMA cache_size = {draw(st.sampled_from([2, 10, 2000]))}",
+            f"PRAGMA auto_vacuum = {draw(st.sampled_from(['NONE', 'FULL', 'INCREMENTAL']))}",
+            f"PRAGMA incremental_vacuum({n % 5})",
+            f"PRAGMA secure_delete = {draw(st.sampled_from(['ON', 'OFF']))}",
+            f"PRAGMA journal_size_limit = {draw(st.sampled_from([0, 4096, -1]))}",
+        ]
+    if draw(st.integers(0, 9)) == 0:
+        seq = [f"PRAGMA page_size = {draw(st.sampled_from(PAGE_SIZES))}", "VACUUM"]
+        if driver == "vfs" and draw(st.booleans()):
+            seq.insert(0, "PRAGMA journal_mode = DELETE")  # WAL forbids a page size change
+        return seq
+    if draw(st.integers(0, 7)) == 0:  # a small transaction that is rolled back
+        body = [draw(st.sampled_from(options[:12])) for _ in range(draw(st.integers(1, 4)))]
+        return ["BEGIN", *body, draw(st.sampled_from(["ROLLBACK", "COMMIT"]))]
+    return [draw(st.sampled_from(options))]
+
+
+# ------------------------------------------------------------------------ views and drivers
+
+
+def view(conn: sqlite3.Connection) -> list:
+    """Everything observable: schema, every table's rows (sorted), TEMP objects, integrity."""
+    out: list = []
+
+    def q(sql: str) -> list:
+        try:
+            return conn.execute(sql).fetchall()
+        except sqlite3.Error as exc:
+            return [("error", str(exc))]
+
+    for schema in ("main", "temp"):
+        master = q(f"SELECT type, name, tbl_name, sql FROM {schema}.sqlite_master ORDER BY name")
+        out.append(master)
+        for row in master:
+            if row[0] == "table" and not str(row[1]).startswith("sqlite_"):
+                rows = q(f'SELECT * FROM {schema}."{row[1]}"')
+                out.append((row[1], sorted(rows, key=repr)))
+    out.append(q("SELECT * FROM sqlite_sequence ORDER BY name"))
+    out.append(q("PRAGMA integrity_check"))
+    out.append(q("PRAGMA page_size"))
+    out.append(q("PRAGMA main.page_count"))
+    out.append(q("PRAGMA freelist_count"))
+    out.append(q("PRAGMA auto_vacuum"))
+    return out
+
+
+def raw_execute(conn: sqlite3.Connection, sql: str) -> tuple:
+    """What a raw connection answers to ``sql``: its rows, or its error."""
+    try:
+        return ("rows", conn.execute(sql).fetchall(), conn.in_transaction)
+    except sqlite3.Error as exc:
+        return ("error", type(exc).__name__, str(exc), conn.in_transaction)
+
+
+def pool_reference_execute(conn: sqlite3.Connection, sql: str) -> tuple:
+    """The reference side of a pool session: the evaluator's execution, under the same guard."""
+    try:
+        rows, _cols, _trunc = run_statement(conn, sql, max_rows=10**6, max_other_rows=10**6)
+        return ("rows", rows or [])
+    except (sqlite3.Error, ValueError, OverflowError) as exc:
+        return ("error", str(exc))
+
+
+class Campaign(RuleBasedStateMachine):
+    """Sessions on one base, each beside its private-copy reference; compared after every step."""
+
+    examples = 0
+    steps = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp: Path | None = None
+        self.sessions: list = []
+        self.refs: list[sqlite3.Connection] = []
+        self.log: list[str] = []
+
+    @initialize(
+        page_size=st.sampled_from(PAGE_SIZES),
+        base_journal=st.sampled_from(["DELETE", "WAL"]),
+        rows=st.integers(0, 30),
+        blob=st.sampled_from([100, 3000, 70_000]),
+        driver=st.sampled_from(DRIVERS),
+        count=st.integers(1, MAX_SESSIONS),
+        journal=st.sampled_from(JOURNAL_MODES),
+    )
+    def build(self, page_size, base_journal, rows, blob, driver, count, journal) -> None:
+        type(self).examples += 1
+        self.tmp = Path(tempfile.mkdtemp(prefix="ovlfuzz-", dir=os.environ.get("FUZZ_TMP")))
+        self.driver = driver
+        template = build_base(
+            self.tmp / "dbs" / "fz" / "fz_template.sqlite", page_size, base_journal, rows, blob
+        )
+        if driver == "vfs":
+            self.base_path = template
+            self.pool = None
+        else:
+            self.pool = ReplicaPool(
+                root=self.tmp / "replicas", strategy=driver, limits=Limits(statement_timeout=30)
+            )
+            self.task = parse_task({"instance_id": "fz", "db_id": "fz"}, db_dir=self.tmp / "dbs")
+            self.base_path = self.pool.store.base_for(self.task.db_path).path
+        self.base_sha = file_sha256(self.base_path)
+        self.journal = journal
+        for i in range(count):
+            self._open(i)
+
+    def _open(self, i: int) -> None:
+        ref_path = self.tmp / f"ref-{i}.sqlite"
+        if not ref_path.exists():
+            shutil.copy(self.base_path, ref_path)
+            ref_path.chmod(0o644)
+        if self.driver == "vfs":
+            uri = overlay.session_uri(self.tmp / f"s-{i}.db", self.base_path)
+            pair = [
+                sqlite3.connect(uri, uri=True, isolation_level=None),
+                sqlite3.connect(ref_path, isolation_level=None),
+            ]
+            for conn in pair:
+                conn.execute("PRAGMA synchronous = OFF")  # fsyncs would dominate the run time
+                conn.execute(f"PRAGMA journal_mode = {self.journal}")
+        else:
+            session = self.pool.session(self.task)
+            ref = sqlite3.connect(ref_path)
+            ref.set_authorizer(authorizer)
+            ref.execute("PRAGMA secure_delete = OFF")
+            pair = [session, ref]
+        if i < len(self.sessions):
+            self.sessions[i], self.refs[i] = pair
+        else:
+            self.sessions.append(pair[0])
+            self.refs.append(pair[1])
+
+    def _conn(self, i: int) -> sqlite3.Connection:
+        s = self.sessions[i]
+        return s if isinstance(s, sqlite3.Connection) else s.conn
+
+    @rule(data=st.data(), which=st.integers(0, MAX_SESSIONS - 1))
+    def step(self, data: st.DataObject, which: int) -> None:
+        if not self.sessions:
+            return
+        which %= len(self.sessions)
+        type(self).steps += 1
+        for sql in data.draw(statements(self.driver)):
+            self.log.append(f"{which}: {sql}")
+            if self.driver == "vfs":
+                got = raw_execute(self.sessions[which], sql)
+                expected = raw_execute(self.refs[which], sql)
+            else:
+                result = self.sessions[which].execute(sql)
+                got = ("rows", result.rows) if result.error is None else ("error", result.error)
+                expected = pool_reference_execute(self.refs[which], sql)
+                if got[0] == "error" and expected[0] == "error":
+                    # The session reworded a guard denial (the reference says only "not authorized").
+                    got = ("error", got[1][: len(expected[1])])
+            assert got == expected, (sql, got, expected)
+
+    @rule(which=st.integers(0, MAX_SESSIONS - 1))
+    def reopen(self, which: int) -> None:
+        """Close a session and its reference (an open transaction rolls back) and reopen both."""
+        if self.driver != "vfs" or not self.sessions:
+            return
+        which %= len(self.sessions)
+        self.log.append(f"{which}: <reopen>")
+        self.sessions[which].close()
+        self.refs[which].close()
+        self._open(which)
+
+    @invariant()
+    def sessions_match_their_references(self) -> None:
+        for i, ref in enumerate(self.refs):
+            got, expected = view(self._conn(i)), view(ref)
+            assert got == expected, (i, got, expected)
+        if self.tmp is not None:
+            assert file_sha256(self.base_path) == self.base_sha, "the base changed"
+
+    def teardown(self) -> None:
+        try:
+            for i in range(len(self.sessions)):
+                if self.driver == "vfs":
+                    # Reopened from disk, each session must still match its reference.
+                    self.sessions[i].close()
+                    self.refs[i].close()
+                    self._open(i)
+                    assert view(self.sessions[i]) == view(self.refs[i]), i
+                    self.sessions[i].close()
+                    self.refs[i].close()
+                    overlay.discard(self.tmp / f"s-{i}.db")
+                else:
+                    self.sessions[i].close()
+                    self.refs[i].close()
+            if self.pool is not None:
+                self.pool.close()
+            if self.tmp is not None:
+                assert file_sha256(self.base_path) == self.base_sha, "the base changed"
+                leftovers = [p.name for p in self.tmp.glob("s-*")]
+                assert not leftovers, leftovers
+        finally:
+            if self.tmp is not None:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def run_campaign(examples: int, steps: int = 30, seed: int | None = None) -> None:
+    """Run ``examples`` random examples of :class:`Campaign` (raises on the first failure)."""
+    run_state_machine_as_test(
+        Campaign,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=seed is not None,
+            database=None,
+            print_blob=True,
+        ),
+    )
+
+
+def test_overlay_matches_private_copy_under_random_sequences() -> None:
+    before = Campaign.examples
+    run_campaign(int(os.environ.get("FUZZ_EXAMPLES", "6")), steps=25)
+    assert Campaign.examples - before >= 1
+
+
+@pytest.mark.slow
+def test_fuzz_campaign() -> None:
+    """``FUZZ_MINUTES`` of fuzzing in batches; every failure is recorded, then reported at once."""
+    minutes = float(os.environ.get("FUZZ_MINUTES", "30"))
+    end = time.monotonic() + 60 * minutes
+    failures: list[str] = []
+    batches = 0
+    start_examples, start_steps = Campaign.examples, Campaign.steps
+    while time.monotonic() < end:
+        batches += 1
+        try:
+            run_campaign(20, steps=40)
+        except Exception as exc:  # keep fuzzing: record the (shrunk) failure and go on
+            text = "".join(traceback.format_exception(exc))
+            failures.append(text)
+            print(f"\nFUZZ FAILURE {len(failures)}:\n{text[-6000:]}", flush=True)
+        print(
+            f"FUZZ batch {batches}: {Campaign.examples - start_examples} examples, "
+            f"{Campaign.steps - start_steps} steps, {len(failures)} failures",
+            flush=True,
+        )
+    print(
+        f"\nFUZZ {minutes:g} min: {Campaign.examples - start_examples} examples, "
+        f"{Campaign.steps - start_steps} steps, {len(failures)} failures"
+    )
+    assert not failures, failures[0]
