@@ -238,6 +238,70 @@ class VLLMPolicy:
         return results
 
 
+class VLLMEnginePolicy:
+    """Batched sampling with a standalone ``vllm.LLM`` engine (evaluation on a GPU machine).
+
+    Contexts go in as token ids (``TokensPrompt``), so prompts are exactly the chat-template ids
+    :func:`collect` builds; ``logprobs=0`` asks vLLM for the sampled token's own logprob.
+    ``temperature=0`` is greedy, as in :class:`TransformersPolicy`. Needs the ``vllm`` extra.
+    """
+
+    def __init__(self, model_path: str, tokenizer: Any, **engine_kwargs: Any) -> None:
+        from vllm import LLM
+
+        self.tokenizer = tokenizer
+        self.llm = LLM(model=model_path, tokenizer=model_path, **engine_kwargs)
+
+    def generate(
+        self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
+    ) -> list[tuple[list[int], list[float]]]:
+        """Sample one turn for every context in ``batch`` with vLLM."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(
+            temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_new_tokens, logprobs=0
+        )
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in batch], params, use_tqdm=False
+        )
+        results = []
+        for output in outputs:
+            sample = output.outputs[0]
+            ids = list(sample.token_ids)
+            steps = sample.logprobs or [{} for _ in ids]
+            logps = [
+                float(step[tok].logprob) if tok in step else float("nan")
+                for tok, step in zip(ids, steps, strict=True)
+            ]
+            results.append((ids, logps))
+        return results
+
+
+def generation_policy(model_path: str, *, engine: str = "auto") -> Any:
+    """The policy that generates for evaluation from a checkpoint: ``engine="vllm"``,
+    ``"transformers"``, or ``"auto"`` (vLLM when it is installed and CUDA is present)."""
+    import importlib.util
+
+    import torch
+
+    from birdtrain.models import load_policy, resolve_model
+
+    if engine not in ("auto", "vllm", "transformers"):
+        raise ValueError(f"engine must be auto, vllm or transformers, got {engine!r}")
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    if engine == "auto":
+        engine = "vllm" if has_vllm and torch.cuda.is_available() else "transformers"
+    if engine == "transformers":
+        return TransformersPolicy(*load_policy(model_path))
+    if not has_vllm:
+        raise ImportError("engine 'vllm' needs the vllm extra: pip install 'bird-rl[vllm]'")
+    from transformers import AutoTokenizer
+
+    path = resolve_model(model_path)
+    return VLLMEnginePolicy(path, AutoTokenizer.from_pretrained(path))
+
+
 # --------------------------------------------------------------------------------------------
 # Chat-template accounting
 
