@@ -3,12 +3,15 @@
     birdtrain curriculum (--preset NAME | --config FILE.yaml) [key=value ...]
     birdtrain synth | stage1 | stage2 | stage3 | stage4 (--preset NAME | --config FILE) [key=value ...]
     birdtrain eval --policy MODEL|oracle|echo|scripted [--suite S | --tasks T --db-dir D] ...
+    birdtrain mixture (--preset NAME | --config FILE) [key=value ...]
     birdtrain report RUN_DIR
     birdtrain trajectories RUN_DIR --task ID | --sql QUERY
 
 A run directory ``{output_dir}/{name}/`` holds ``config.json`` (the resolved configuration and the
 git commit), ``data/`` (synthesized examples), ``stage1/`` … ``stage4/`` (each with ``metrics.jsonl``,
-``checkpoint/`` and ``DONE`` once complete) and ``eval/``. Rerunning resumes: completed stages are
+``checkpoint/`` and ``DONE`` once complete) and ``eval/`` (``eval/<label>/`` the debugging
+evaluation, ``eval/<label>-bird/`` execution accuracy on BIRD questions when there are any), and
+``mixture.json`` when ``data.mixture`` is ``auto``. Rerunning resumes: completed stages are
 skipped and the next one starts from the last checkpoint.
 """
 
@@ -56,13 +59,55 @@ def _prepare_run(cfg: Any) -> Path:
 
 
 def _tasks(cfg: Any, which: str) -> list:
-    from birdenv import load_tasks
+    """The training tasks (a mixture's draw, or the train suite), the evaluation tasks (either
+    kind), or ``"bird_eval"``: the BIRD questions scored for execution accuracy (may be empty)."""
+    from birdenv.vector import load_source
+    from birdtrain.data import load_train_tasks
 
     if which == "train":
-        tasks = load_tasks(cfg.data.train_suite, db_dir=cfg.data.db_dir)
-        return tasks[: cfg.data.max_train_tasks] if cfg.data.max_train_tasks else tasks
-    tasks = load_tasks(cfg.data.eval_suite, db_dir=cfg.data.eval_db_dir)
+        return load_train_tasks(cfg)
+    if which == "bird_eval":
+        suite = _bird_eval_suite(cfg)
+        if suite is None:
+            return []
+        tasks = load_source(suite, db_dir=cfg.data.bird_db_root)
+    else:
+        tasks = load_source(cfg.data.eval_suite, db_dir=cfg.data.eval_db_dir)
     return tasks[: cfg.eval.max_tasks] if cfg.eval.max_tasks else tasks
+
+
+def _bird_eval_suite(cfg: Any) -> str | None:
+    """``data.bird_eval_suite``; ``auto``: bird-mini-eval when the training mixture holds BIRD questions."""
+    from birdenv.bird import BIRD_SUITES
+
+    suite = cfg.data.bird_eval_suite
+    if suite != "auto":
+        return suite or None
+    mixture = cfg.data.mixture
+    names = list(cfg.data.mixture_sources) if mixture == "auto" else list(mixture or [])
+    if cfg.data.eval_suite in BIRD_SUITES:
+        return None  # the main evaluation already scores BIRD questions
+    return "bird-mini-eval" if any(_is_bird_source(n, cfg) for n in names) else None
+
+
+def _is_bird_source(name: str, cfg: Any) -> bool:
+    from birdenv.bird import BIRD_SUITES
+    from birdenv.vector import load_source, task_kind
+
+    if name in BIRD_SUITES:
+        return True
+    tasks = load_source(name, db_dir=cfg.data.db_dir)
+    return bool(tasks) and task_kind(tasks[0]) == "bird"
+
+
+def _resolve_mixture(cfg: Any, run_dir: Path) -> None:
+    """``data.mixture: auto`` becomes the weights of the run's ``mixture.json`` (estimated once)."""
+    if cfg.data.mixture == "auto":
+        from birdtrain.data.mixture import resolve_mixture
+
+        print("[mixture] estimating the weights (data.mixture: auto)")
+        weights = resolve_mixture(cfg, run_dir)
+        print(f"[mixture] weights: {weights} (evidence in {run_dir / 'mixture.json'})")
 
 
 def _synth(cfg: Any, run_dir: Path) -> dict[str, Any]:
@@ -133,24 +178,39 @@ def _last_checkpoint(cfg: Any, run_dir: Path, before: str) -> str:
 def _evaluate(cfg: Any, model_path: str, run_dir: Path, label: str) -> dict[str, Any] | None:
     if not cfg.eval.enabled:
         return None
+    summary = _evaluate_on(
+        cfg, model_path, run_dir, label, _tasks(cfg, "eval"), label, cfg.data.eval_suite
+    )
+    bird = _tasks(cfg, "bird_eval")
+    if bird:
+        # Generation beside debugging: execution accuracy on BIRD questions, same policy and turns.
+        summary = dict(summary)
+        summary["generation"] = _evaluate_on(
+            cfg, model_path, run_dir, label, bird, f"{label}-bird", _bird_eval_suite(cfg)
+        )
+    return summary
+
+
+def _evaluate_on(
+    cfg: Any, model_path: str, run_dir: Path, label: str, tasks: list, folder: str, suite: str
+) -> dict[str, Any]:
     from birdtrain.evaluate import evaluate_policy
 
-    out_dir = run_dir / "eval" / label
+    out_dir = run_dir / "eval" / folder
     summary_path = out_dir / "summary.json"
     if summary_path.is_file():
         return json.loads(summary_path.read_text())
-    summary = evaluate_policy(
+    return evaluate_policy(
         model_path,
-        tasks=_tasks(cfg, "eval"),
+        tasks=tasks,
         out_dir=out_dir,
         mode="agent",
         max_turns=cfg.eval.max_turns,
         max_new_tokens=cfg.eval.max_new_tokens,
         temperature=cfg.eval.temperature,
         label=label,
-        suite=cfg.data.eval_suite,
+        suite=suite,
     )
-    return summary
 
 
 def run_curriculum(cfg: Any) -> dict[str, Any]:
@@ -158,8 +218,9 @@ def run_curriculum(cfg: Any) -> dict[str, Any]:
     from birdtrain.models import resolve_model
 
     run_dir = _prepare_run(cfg)
+    _resolve_mixture(cfg, run_dir)
     base = resolve_model(cfg.model.name_or_path)
-    results: dict[str, Any] = {"run_dir": str(run_dir)}
+    results: dict[str, Any] = {"run_dir": str(run_dir), "mixture": cfg.data.mixture}
     results["before"] = _evaluate(cfg, base, run_dir, "before")
     model_path = _last_checkpoint(cfg, run_dir, "stage1")
     for stage in STAGES:
@@ -193,14 +254,20 @@ def _cmd_curriculum(args: argparse.Namespace) -> int:
     for key in ("before", "after_stage2", "after"):
         summary = results.get(key)
         if summary:
-            print(f"{key:<14} SR {summary['success_rate']:.2f} % ({summary['n']} tasks)")
+            line = f"{key:<14} SR {summary['success_rate']:.2f} % ({summary['n']} tasks)"
+            if summary.get("generation"):
+                bird = summary["generation"]
+                line += f"   EX {bird['success_rate']:.2f} % ({bird['n']} BIRD questions)"
+            print(line)
     print(f"run directory: {results['run_dir']}")
     return 0
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
     cfg = _config_from(args)
-    counts = _synth(cfg, _prepare_run(cfg))
+    run_dir = _prepare_run(cfg)
+    _resolve_mixture(cfg, run_dir)
+    counts = _synth(cfg, run_dir)
     print(json.dumps(counts, indent=2))
     return 0
 
@@ -208,16 +275,35 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 def _cmd_stage(args: argparse.Namespace) -> int:
     cfg = _config_from(args)
     run_dir = _prepare_run(cfg)
+    _resolve_mixture(cfg, run_dir)
     start = args.model or _last_checkpoint(cfg, run_dir, args.command)
     print(_run_stage(cfg, args.command, start, run_dir))
     return 0
 
 
+def _cmd_mixture(args: argparse.Namespace) -> int:
+    from birdtrain.data.mixture import choose_mixture
+
+    cfg = _config_from(args)
+    run_dir = _prepare_run(cfg)
+    record = choose_mixture(cfg, run_dir)
+    for candidate in record["candidates"]:
+        weights = ", ".join(f"{k} {v:.2f}" for k, v in candidate["weights"].items())
+        gains = ", ".join(f"{k} {v:+.3f}" for k, v in candidate["improvement"].items())
+        print(f"{weights:<40} held-out improvement: {gains}   score {candidate['score']:+.4f}")
+    print(f"chosen: {record['chosen']} ({run_dir / 'mixture.json'})")
+    return 0
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from birdenv import load_tasks
+    from birdenv.vector import load_source
     from birdtrain.evaluate import evaluate_policy
 
-    tasks = load_tasks(args.tasks, db_dir=args.db_dir) if args.tasks else load_tasks(args.suite)
+    tasks = (
+        load_source(args.tasks, db_dir=args.db_dir or args.db_root)
+        if args.tasks
+        else load_source(args.suite)
+    )
     if args.limit:
         tasks = tasks[: args.limit]
     policy = args.policy
@@ -281,13 +367,21 @@ def _build_parser() -> argparse.ArgumentParser:
     synth = commands.add_parser("synth", help="synthesize the stage-1 and stage-2 data only")
     _add_config_args(synth)
     synth.set_defaults(func=_cmd_synth)
+    mixture = commands.add_parser(
+        "mixture",
+        help="estimate mixture weights by proxy runs scored on held-out tasks (mixture.json)",
+    )
+    _add_config_args(mixture)
+    mixture.set_defaults(func=_cmd_mixture)
     for stage in STAGES:
         sub = commands.add_parser(stage, help=f"run {stage} only (resumes from the run directory)")
         _add_config_args(sub)
         sub.add_argument("--model", help="start from this checkpoint instead of the run's latest")
         sub.set_defaults(func=_cmd_stage)
 
-    ev = commands.add_parser("eval", help="evaluate a policy on BIRD-CRITIC-style tasks")
+    ev = commands.add_parser(
+        "eval", help="evaluate a policy on BIRD-CRITIC-style tasks (SR) or BIRD questions (EX)"
+    )
     ev.add_argument(
         "--policy",
         default="scripted",
@@ -297,9 +391,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "--endpoint", help="an OpenAI-compatible endpoint to evaluate instead of a local model"
     )
     ev.add_argument("--endpoint-model", help="model name at --endpoint")
-    ev.add_argument("--suite", default="critic-mini")
-    ev.add_argument("--tasks", help="official task JSONL")
+    ev.add_argument(
+        "--suite",
+        default="critic-mini",
+        help="critic-mini, gym-mini, bird-mini-eval, bird-mini-train",
+    )
+    ev.add_argument("--tasks", help="official task JSONL, or BIRD questions (JSONL or JSON)")
     ev.add_argument("--db-dir", help="folder holding {db_id}/{db_id}_template.sqlite")
+    ev.add_argument("--db-root", help="BIRD: folder holding {db_id}/{db_id}.sqlite")
     ev.add_argument("--limit", type=int, default=0, help="only the first N tasks")
     ev.add_argument("--mode", choices=("agent", "single"), default="agent")
     ev.add_argument("--n", type=int, default=1, help="samples per task (pass@k)")

@@ -1,4 +1,11 @@
-"""Evaluating a policy on BIRD-CRITIC-style tasks: Success Rate by category, pass@k, official files.
+"""Evaluating a policy: Success Rate on BIRD-CRITIC-style tasks by category, execution accuracy on
+BIRD questions by difficulty, pass@k, official files.
+
+The tasks decide the environment and the metric: debugging tasks (:class:`birdenv.tasks.Task`) run
+in ``BirdCritic-SQLite-v0`` and are judged by the official judge (Success Rate, "SR"); BIRD
+questions (:class:`birdenv.bird.BirdTask`) run in ``BirdSQL-SQLite-v0`` with the same prompts'
+rendering, tools and formatter, and are scored by execution accuracy ("EX"). One evaluation
+holds one kind; a curriculum evaluates both side by side.
 
 Policies behind one interface:
 
@@ -6,12 +13,14 @@ Policies behind one interface:
   :func:`birdtrain.rollout.collect` (the prompts, tool schemas and formatter of training); single
   mode asks once for a ``<solution>``;
 - ``endpoint:MODEL@URL``: any OpenAI-compatible chat endpoint, as an agent or single-shot;
-- ``oracle`` (submits the gold: 100 % on a validated suite), ``echo`` (submits the issue SQL: 0 %),
-  ``scripted`` (the offline expert of stage 2), reference policies for sanity.
+- ``oracle`` (submits the gold: 100 % on a validated suite), ``echo`` (submits the issue SQL; on
+  BIRD questions, the gold with an extra column: 0 %), ``scripted`` (the offline expert of stage
+  2), reference policies for sanity.
 
 Outputs in ``out_dir``: ``predictions.jsonl`` in the official form (``instance_id``, ``pred_sqls``)
-that the official evaluator accepts unchanged, ``verdicts.jsonl``, ``summary.json`` and the
-trajectory store (agent mode), and a table beside the paper's figures.
+that the official evaluator accepts unchanged (for BIRD questions also ``predict.json``, BIRD's
+official ``{question_id: "SQL\t----- bird -----\tdb_id"}`` form), ``verdicts.jsonl``,
+``summary.json`` and the trajectory store (agent mode), and a table beside the paper's figures.
 """
 
 from __future__ import annotations
@@ -24,12 +33,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from birdenv.bird import DIFFICULTIES
 from birdenv.judge import judge_many
 from birdenv.tasks import CATEGORIES, Task
 from birdenv.tools import TOOL_SCHEMAS, ToolCallError, parse_tool_call
+from birdenv.vector import task_category, task_kind
 from birdtrain.trajectories import TrajectoryStore, episode_rows
 
-__all__ = ["PAPER_RESULTS", "evaluate_policy", "pass_at_k"]
+__all__ = ["PAPER_BIRD_RESULTS", "PAPER_RESULTS", "evaluate_policy", "pass_at_k"]
 
 #: Success Rates on BIRD-CRITIC-SQLite (500 tasks) reported by the BIRD-RL paper.
 PAPER_RESULTS = [
@@ -41,7 +52,11 @@ PAPER_RESULTS = [
     ("Qwen3-Coder-480B", 41.6),
     ("BIRD-Fixer-7B", 33.6),
 ]
+#: Execution accuracy on BIRD dev reported by the BIRD-RL paper (its unified model).
+PAPER_BIRD_RESULTS = [("BIRD-RL unified 7B", 63.9)]
 _REFERENCE = ("oracle", "echo", "scripted")
+# What each task kind is scored by, and the word for it.
+_METRIC = {"critic": ("SR", "debugging"), "bird": ("EX", "generation")}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -72,12 +87,14 @@ def _submitted(messages: list[dict[str, Any]]) -> list[str]:
 def _threaded_episodes(jobs: list[tuple[Task, int]], num_envs: int, play: Any) -> list[dict]:
     """Run ``play(env, task) -> (info, reward, generation seconds)`` for every job, one env per
     worker thread (the envs share the process's replica pool)."""
+    from birdenv.envs.bird_sql import BirdSQLEnv
     from birdenv.envs.critic import BirdCriticEnv
 
     tasks = [task for task, _ in jobs]
+    env_class = BirdSQLEnv if tasks and task_kind(tasks[0]) == "bird" else BirdCriticEnv
 
     def worker(chunk: list[tuple[Task, int]]) -> list[dict]:
-        env = BirdCriticEnv(tasks=tasks)
+        env = env_class(tasks=tasks)
         out = []
         try:
             for task, sample in chunk:
@@ -108,16 +125,24 @@ def _threaded_episodes(jobs: list[tuple[Task, int]], num_envs: int, play: Any) -
 def _reference_episodes(
     policy: str, jobs: list[tuple[Task, int]], *, max_turns: int, num_envs: int
 ) -> list[dict]:
-    """A reference agent: ``oracle`` and ``echo`` are :mod:`birdenv.agents`; ``scripted`` is
-    stage 2's offline expert, which explores with real evidence before it submits the known fix."""
+    """A reference agent: ``oracle`` and ``echo`` are :mod:`birdenv.agents` (on BIRD questions,
+    :func:`birdtrain.data.bird.bird_reference_turns`); ``scripted`` is stage 2's offline expert,
+    which explores with real evidence before it submits the known fix (or the gold query)."""
     from birdenv.agents import AGENTS
     from birdenv.replicas.pool import default_pool
+    from birdtrain.data.bird import BirdExpert, bird_reference_turns, gather_bird_evidence
     from birdtrain.data.evidence import gather_evidence
     from birdtrain.data.trajectories import OfflineExpert
 
     def play(env: Any, task: Task, statement_s: list) -> tuple[dict, float, float]:
-        if policy == "scripted":
+        bird = task_kind(task) == "bird"
+        if policy == "scripted" and bird:
+            act = BirdExpert(task, gather_bird_evidence(task, default_pool()), max_turns).act
+        elif policy == "scripted":
             act = OfflineExpert(task, gather_evidence(task, default_pool()), max_turns).act
+        elif bird:
+            planned = iter(bird_reference_turns(policy, task))
+            act = lambda observation: next(planned)  # noqa: E731 - the plan ignores observations
         else:
             planned = iter(AGENTS[policy]().turns(task))
             act = lambda observation: next(planned)  # noqa: E731 - the plan ignores observations
@@ -270,11 +295,12 @@ def _summarize(episodes: list[dict], n: int) -> dict[str, Any]:
     category = {}
     for e in episodes:
         by_task[e["task"].instance_id].append(bool(e["passed"]))
-        category[e["task"].instance_id] = e["task"].category
+        category[e["task"].instance_id] = task_category(e["task"])
     first = {tid: results[0] for tid, results in by_task.items()}
     by_category: dict[str, dict[str, Any]] = {}
-    for cat in [c for c in CATEGORIES if c in category.values()] + sorted(
-        set(category.values()) - set(CATEGORIES)
+    known = (*CATEGORIES, *DIFFICULTIES)
+    for cat in [c for c in known if c in category.values()] + sorted(
+        set(category.values()) - set(known)
     ):
         ids = [t for t, c in category.items() if c == cat]
         by_category[cat] = {
@@ -296,7 +322,11 @@ def _summarize(episodes: list[dict], n: int) -> dict[str, Any]:
 
 
 def _table(label: str, summary: dict[str, Any], suite: str) -> str:
-    rows = [(name, f"{sr:.1f}", "BIRD-CRITIC-SQLite 500 (paper)") for name, sr in PAPER_RESULTS]
+    metric = summary.get("metric", "SR")
+    if metric == "EX":
+        rows = [(name, f"{ex:.1f}", "BIRD dev (paper)") for name, ex in PAPER_BIRD_RESULTS]
+    else:
+        rows = [(name, f"{sr:.1f}", "BIRD-CRITIC-SQLite 500 (paper)") for name, sr in PAPER_RESULTS]
     rows.append(
         (
             f"{label} (measured here)",
@@ -306,12 +336,15 @@ def _table(label: str, summary: dict[str, Any], suite: str) -> str:
     )
     rows.sort(key=lambda r: -float(r[1]))
     width = max(len(r[0]) for r in rows)
-    lines = [f"{'policy':<{width}}  {'SR %':>6}  tasks", f"{'-' * width}  {'-' * 6}  -----"]
+    lines = [
+        f"{'policy':<{width}}  {metric + ' %':>6}  tasks",
+        f"{'-' * width}  {'-' * 6}  -----",
+    ]
     lines += [f"{name:<{width}}  {sr:>6}  {where}" for name, sr, where in rows]
     cats = ", ".join(
         f"{c} {v['success_rate']:.1f}% (n={v['n']})" for c, v in summary["by_category"].items()
     )
-    lines.append(f"\n{label} by category: {cats}")
+    lines.append(f"\n{label} by {'difficulty' if metric == 'EX' else 'category'}: {cats}")
     for key in ("pass@1", f"pass@{summary['samples']}"):
         if key in summary:
             lines.append(f"{label} {key}: {summary[key]:.1f}%")
@@ -335,11 +368,23 @@ def evaluate_policy(
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on ``tasks``; write predictions, verdicts and a summary into ``out_dir``.
 
-    Returns the summary: ``success_rate`` (first sample of each task), ``by_category``, ``pass@k``
-    when ``n > 1``, the time split, and ``table`` (the paper's figures beside this one).
+    Returns the summary: ``success_rate`` (first sample of each task: SR on debugging tasks, EX on
+    BIRD questions), ``metric`` (``"SR"`` or ``"EX"``), ``task`` (``"debugging"`` or
+    ``"generation"``), ``by_category`` (categories, or difficulties), ``pass@k`` when ``n > 1``,
+    the time split, and ``table`` (the paper's figures beside this one). BIRD questions also get
+    ``execution_accuracy`` and ``by_difficulty`` (the same figures under their own names).
     """
     if mode not in ("agent", "single"):
         raise ValueError(f"mode must be 'agent' or 'single', got {mode!r}")
+    if not tasks:
+        raise ValueError("no tasks to evaluate")
+    kinds = {task_kind(t) for t in tasks}
+    if len(kinds) > 1:
+        raise ValueError(
+            "the tasks mix debugging tasks and BIRD questions: evaluate each kind on its own "
+            "(they have different metrics, SR and EX)"
+        )
+    (kind,) = kinds
     if n > 1 and temperature == 0:
         raise ValueError("n > 1 samples need temperature > 0 (greedy samples are all the same)")
     out_dir = Path(out_dir)
@@ -395,7 +440,7 @@ def evaluate_policy(
             for row in episode_rows(
                 e["messages"],
                 task_id=e["task"].instance_id,
-                category=e["task"].category,
+                category=task_category(e["task"]),
                 reward=e["reward"],
                 verdict=(e["verdict"] or {}).get("status"),
                 run=label,
@@ -411,9 +456,13 @@ def evaluate_policy(
         )
         split["generation_s"] = sum(e["gen_s"] for e in episodes)
         judge_started = time.perf_counter()
-        for e, verdict in zip(
-            episodes, judge_many([(e["task"], e["pred_sqls"]) for e in episodes]), strict=True
-        ):
+        if kind == "bird":
+            from birdtrain.rewards import score_submission
+
+            verdicts = [score_submission(e["task"], e["pred_sqls"]) for e in episodes]
+        else:
+            verdicts = judge_many([(e["task"], e["pred_sqls"]) for e in episodes])
+        for e, verdict in zip(episodes, verdicts, strict=True):
             e["verdict"] = verdict.to_dict()
             e["passed"] = verdict.passed
         split["judge_s"] = time.perf_counter() - judge_started
@@ -433,7 +482,7 @@ def evaluate_policy(
                     {
                         "instance_id": e["task"].instance_id,
                         "sample": e["sample"],
-                        "category": e["task"].category,
+                        "category": task_category(e["task"]),
                         "status": "success" if e["passed"] else "failed",
                         "pred_sqls": e["pred_sqls"],
                         "verdict": e.get("verdict"),
@@ -442,7 +491,21 @@ def evaluate_policy(
                 )
                 + "\n"
             )
+    if kind == "bird":
+        official = {
+            e[
+                "task"
+            ].instance_id: f"{(e['pred_sqls'] or [''])[-1]}\t----- bird -----\t{e['task'].db_id}"
+            for e in episodes
+            if e["sample"] == 0
+        }
+        (out_dir / "predict.json").write_text(json.dumps(official, indent=2))
     summary = _summarize(episodes, n)
+    metric, task_word = _METRIC[kind]
+    summary.update(metric=metric, task=task_word, suite=suite)
+    if kind == "bird":
+        summary["execution_accuracy"] = summary["success_rate"]
+        summary["by_difficulty"] = summary["by_category"]
     summary.update(
         policy=policy,
         label=label,
@@ -453,7 +516,7 @@ def evaluate_policy(
     summary["table"] = _table(label, summary, suite)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(
-        f"[eval {label}] SR {summary['success_rate']:.2f}% on {summary['n']} tasks in {summary['seconds']} s "
+        f"[eval {label}] {metric} {summary['success_rate']:.2f}% on {summary['n']} tasks in {summary['seconds']} s "
         f"(generation {split['generation_s']:.1f} s, environment {split['env_s']:.1f} s, judge {split['judge_s']:.1f} s)"
     )
     return summary

@@ -1,7 +1,9 @@
 """``birdtrain report RUN_DIR``: a self-contained HTML report of a run, with PNG plots.
 
 Built only from the run directory: each stage's ``metrics.jsonl``, the evaluation summaries under
-``eval/`` and the trajectory store. Plots are written as PNG files beside ``report.html`` and
+``eval/`` and the trajectory store. Evaluations of one policy on both task kinds are shown side by
+side: Success Rate on debugging tasks and execution accuracy on BIRD questions, one row per
+evaluation label (``before``, ``after_stage2``, ``after_stage4``, ...). Plots are written as PNG files beside ``report.html`` and
 embedded in it, so the page is one file that opens anywhere.
 """
 
@@ -15,7 +17,7 @@ from typing import Any
 
 from birdtrain.trajectories import TrajectoryStore
 
-__all__ = ["write_report"]
+__all__ = ["metrics_side_by_side", "write_report"]
 
 _STAGES = ("stage1", "stage2", "stage3", "stage4")
 _CSS = """
@@ -86,6 +88,27 @@ def _eval_summaries(run_dir: Path) -> dict[str, dict[str, Any]]:
     for path in sorted((run_dir / "eval").glob("*/summary.json")):
         summaries[path.parent.name] = json.loads(path.read_text())
     return summaries
+
+
+def metrics_side_by_side(summaries: dict[str, dict[str, Any]]) -> list[list[Any]]:
+    """One row per evaluation label: ``[label, SR %, tasks, EX %, questions]`` ("" when absent).
+
+    A summary counts as execution accuracy when its ``metric`` is ``"EX"`` (BIRD questions), else
+    as Success Rate; its label is its own ``label`` (the folder name for older summaries), so
+    ``eval/before/`` and ``eval/before-bird/`` share the row ``before``.
+    """
+    rows: dict[str, list[Any]] = {}
+    for folder, summary in summaries.items():
+        label = str(summary.get("label") or folder)
+        row = rows.setdefault(label, [label, "", "", "", ""])
+        rate = f"{summary.get('success_rate', 0):.2f}"
+        where = f"{summary.get('n')} ({summary.get('suite', '')})".replace(" ()", "")
+        if summary.get("metric") == "EX":
+            row[3], row[4] = rate, where
+        else:
+            row[1], row[2] = rate, where
+    order = {"before": 0, "after_stage2": 1, "after_stage4": 2}
+    return sorted(rows.values(), key=lambda r: (order.get(r[0], 3), r[0]))
 
 
 def _img(path: Path | None) -> str:
@@ -183,12 +206,12 @@ def write_report(run_dir: str | Path) -> Path:
         ax.set_xticks(
             [x + width * (len(summaries) - 1) / 2 for x in range(len(categories))], categories
         )
-        ax.set_ylabel("Success Rate %")
+        ax.set_ylabel("SR % / EX %")
         ax.legend(fontsize=8)
         return True
 
     figures["categories"] = _figure(
-        out / "success_by_category.png", "Success Rate by category", category_plot
+        out / "success_by_category.png", "SR by category, EX by difficulty", category_plot
     )
     slowest = store.query(
         "SELECT round(env_seconds, 3), task_id, sql FROM trajectories "
@@ -200,16 +223,22 @@ def write_report(run_dir: str | Path) -> Path:
     )
     config = run_dir / "config.json"
     commit = json.loads(config.read_text()).get("git_commit") if config.is_file() else None
-    sr_rows = [
-        [label, s.get("n"), f"{s.get('success_rate', 0):.2f}"] for label, s in summaries.items()
-    ]
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>bird-rl report: {html.escape(run_dir.name)}</title>
+    sr_rows = metrics_side_by_side(summaries)
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>bird-rl report: {
+        html.escape(run_dir.name)
+    }</title>
 <style>{_CSS}</style></head><body>
 <h1>bird-rl run <code>{html.escape(run_dir.name)}</code></h1>
-<p class="muted">{html.escape(str(run_dir.resolve()))}{f" · commit {html.escape(commit[:10])}" if commit else ""}</p>
-<h2>Success Rate</h2>{_table(["evaluation", "tasks", "SR %"], sr_rows)}
+<p class="muted">{html.escape(str(run_dir.resolve()))}{
+        f" · commit {html.escape(commit[:10])}" if commit else ""
+    }</p>
+<h2>Success Rate (debugging) and execution accuracy (generation)</h2>{
+        _table(["evaluation", "SR %", "debugging tasks", "EX %", "BIRD questions"], sr_rows)
+    }
 <div class="grid">{_img(figures["categories"])}</div>
-<h2>Training</h2><div class="grid">{_img(figures["loss"])}{_img(figures["lr"])}{_img(figures["reward"])}</div>
+<h2>Training</h2><div class="grid">{_img(figures["loss"])}{_img(figures["lr"])}{
+        _img(figures["reward"])
+    }</div>
 <h2>Trajectories</h2><div class="grid">{_img(figures["tools"])}{_img(figures["turns"])}</div>
 <h2>Slowest SQL statements</h2>{_table(["seconds", "task", "sql"], [list(r) for r in slowest])}
 <h2>Most common SQLite errors</h2>{_table(["error", "count"], [list(r) for r in errors])}

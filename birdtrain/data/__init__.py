@@ -3,6 +3,8 @@
 - :func:`~birdtrain.data.reasoning.build_reasoning_examples`: stage-1 single-turn examples;
 - :func:`~birdtrain.data.trajectories.build_tool_trajectories`: stage-2 tool-use trajectories;
 - :class:`~birdtrain.data.teacher.Teacher`: an optional OpenAI-compatible endpoint for both;
+- :mod:`~birdtrain.data.bird`: the same two forms for BIRD text-to-SQL questions;
+- :mod:`~birdtrain.data.mixture`: mixtures of task sources by weight (``data.mixture``);
 - :func:`synth`: both datasets for a curriculum configuration, as JSONL files.
 """
 
@@ -30,10 +32,27 @@ __all__ = [
 
 
 def load_train_tasks(cfg: Any) -> list:
-    """The training tasks of ``cfg.data``: ``train_suite`` (with ``db_dir``), first ``max_train_tasks``."""
-    from birdenv.tasks import load_tasks
+    """The training tasks of ``cfg.data``, debugging tasks and BIRD questions alike.
 
-    tasks = load_tasks(cfg.data.train_suite, db_dir=cfg.data.db_dir)
+    With ``data.mixture`` weights: a seeded draw from the sources in those proportions
+    (:func:`birdtrain.data.mixture.mix_tasks`, seed ``cfg.seed``), ``max_train_tasks`` of them
+    (default: as many as repeat no task). Without: ``train_suite`` (with ``db_dir``), its first
+    ``max_train_tasks``. ``mixture: auto`` must be resolved first
+    (:func:`birdtrain.data.mixture.resolve_mixture`).
+    """
+    from birdenv.vector import load_source
+    from birdtrain.data.mixture import load_sources, mix_tasks
+
+    mixture = cfg.data.mixture
+    if mixture == "auto":
+        raise ValueError(
+            "data.mixture is 'auto': estimate the weights first (birdtrain mixture, or "
+            "birdtrain.data.mixture.resolve_mixture(cfg, run_dir))"
+        )
+    if mixture:
+        sources = load_sources(list(mixture), cfg.data.db_dir)
+        return mix_tasks(sources, mixture, total=cfg.data.max_train_tasks, seed=cfg.seed)
+    tasks = load_source(cfg.data.train_suite, db_dir=cfg.data.db_dir)
     if cfg.data.max_train_tasks is not None:
         tasks = tasks[: cfg.data.max_train_tasks]
     return tasks
@@ -61,6 +80,14 @@ def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> Path:
     return path
 
 
+def _follow(tasks: list, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The examples in the order of the draw ``tasks``, a task drawn twice giving its examples twice."""
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for example in examples:
+        by_task.setdefault(example["task_id"], []).append(example)
+    return [e for t in tasks for e in by_task.get(t.instance_id, [])]
+
+
 def synth(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
     """Write ``out_dir/stage1.jsonl`` and ``out_dir/stage2.jsonl`` for a curriculum config.
 
@@ -69,22 +96,47 @@ def synth(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
     the policy has in stage 4. Returns the counts (tasks, examples kept, what was dropped and why)
     and the two paths.
     """
+    from birdenv.vector import task_kind
+    from birdtrain.data.bird import build_bird_reasoning_examples, build_bird_tool_trajectories
+
     out_dir = Path(out_dir)
     tasks = load_train_tasks(cfg)
     teacher = make_teacher(cfg)
+    # A mixture may draw a task twice: build each task's examples once, then follow the draw.
+    unique = list({t.instance_id: t for t in tasks}.values())
+    critic = [t for t in unique if task_kind(t) == "critic"]
+    bird = [t for t in unique if task_kind(t) == "bird"]
     stage1_stats: dict[str, int] = {}
     stage2_stats: dict[str, int] = {}
-    stage1 = build_reasoning_examples(tasks, teacher=teacher, stats=stage1_stats)
-    stage2 = build_tool_trajectories(
-        tasks, teacher=teacher, max_turns=cfg.stage4.max_turns, stats=stage2_stats
+    stage1 = build_reasoning_examples(critic, teacher=teacher, stats=stage1_stats) if critic else []
+    stage2 = (
+        build_tool_trajectories(
+            critic, teacher=teacher, max_turns=cfg.stage4.max_turns, stats=stage2_stats
+        )
+        if critic
+        else []
     )
+    kinds: dict[str, Any] = {}
+    if bird:
+        bird1: dict[str, int] = {}
+        bird2: dict[str, int] = {}
+        stage1 += build_bird_reasoning_examples(bird, teacher=teacher, stats=bird1)
+        stage2 += build_bird_tool_trajectories(
+            bird, teacher=teacher, max_turns=cfg.stage4.max_turns, stats=bird2
+        )
+        kinds = {"critic_tasks": len(critic), "bird_tasks": len(bird)}
+        kinds["bird_stage1_stats"], kinds["bird_stage2_stats"] = bird1, bird2
+    # The files follow the draw: its order interleaves the sources, and a task drawn twice counts twice.
+    stage1, stage2 = _follow(tasks, stage1), _follow(tasks, stage2)
     return {
         "tasks": len(tasks),
+        "mixture": cfg.data.mixture,
         "teacher": None if teacher is None else f"{teacher.model} at {teacher.endpoint}",
         "stage1": len(stage1),
         "stage2": len(stage2),
         "stage1_stats": stage1_stats,
         "stage2_stats": stage2_stats,
+        **kinds,
         "stage1_path": str(write_jsonl(stage1, out_dir / "stage1.jsonl")),
         "stage2_path": str(write_jsonl(stage2, out_dir / "stage2.jsonl")),
     }

@@ -4,7 +4,11 @@ Every optimizer step takes ``tasks_per_step`` tasks; each is rolled out ``num_ge
 (the GRPO group) in a vector environment of ``BirdCriticEnv`` (async by default, sync, or any the
 caller passes), each rollout on its own persistent database session, for up to ``max_turns``
 assistant turns. The reward is the judge's verdict on the submission (``binary``: passed;
-``fraction``: tests passed / total); running out of turns or context scores 0. Tool-response and
+``fraction``: tests passed / total); running out of turns or context scores 0. A task mixture
+(``data.mixture``) holding BIRD questions too gets one vector env of both environments
+(:class:`birdenv.vector.MixedTaskEnv` copies): each rollout runs in its task's environment and
+BIRD questions are rewarded by execution accuracy, so one group baseline never mixes kinds (a
+group is one task). Tool-response and
 template tokens are masked out of the loss; rollouts that *break* (an environment or worker error)
 get an all-zero mask and a ``None`` reward, so TRL gives them zero advantage, keeps them out of the
 group baseline and counts none of their tokens.
@@ -30,7 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from birdenv.tasks import Task, load_tasks
+from birdenv.tasks import Task
+from birdenv.vector import load_source, task_category
 from birdtrain import rollout
 from birdtrain.stages import (
     save_checkpoint,
@@ -229,7 +234,7 @@ def _load_tasks(tasks: Any, cfg: Any) -> list[Task]:
     if tasks is None:
         tasks = cfg.data.train_suite
     if isinstance(tasks, (str, Path)):
-        tasks = load_tasks(tasks, db_dir=cfg.data.db_dir)
+        tasks = load_source(tasks, db_dir=cfg.data.db_dir)
     tasks = list(tasks)
     if cfg.data.max_train_tasks is not None:
         tasks = tasks[: cfg.data.max_train_tasks]
@@ -254,10 +259,12 @@ def run(
         model_path: The policy to start from (a path or a name :func:`birdtrain.models.resolve_model`
             knows).
         out_dir: Where ``metrics.jsonl`` and ``checkpoint/`` go.
-        tasks: Training tasks (a list, a suite name or a JSONL path; default ``cfg.data.train_suite``).
-        envs: A ``gymnasium.vector.VectorEnv`` of ``BirdCriticEnv`` over these tasks; default
-            :func:`birdenv.vector.make_vec` (``cfg.stage4.vector``, ``num_envs``, ``reward``). A
-            caller's env is left open; ours is closed.
+        tasks: Training tasks (a list, a suite name or a JSONL path; default ``cfg.data.train_suite``),
+            debugging tasks, BIRD questions, or both.
+        envs: A ``gymnasium.vector.VectorEnv`` over these tasks; default
+            :func:`birdenv.vector.make_vec` (``cfg.stage4.vector``, ``num_envs``, ``reward``): of
+            ``BirdCriticEnv``, ``BirdSQLEnv``, or both in ``MixedTaskEnv`` copies. A caller's env
+            is left open; ours is closed.
         policy: Optional ``policy(trainer) -> rollout.Policy`` acting instead of the trained model
             (a scripted baseline or a test); the loss is still the trained model's.
 
@@ -319,7 +326,7 @@ def run(
                 stage,
                 policy,
                 store=TrajectoryStore(out_dir),
-                categories={t.instance_id: t.category for t in task_list},
+                categories={t.instance_id: task_category(t) for t in task_list},
             ),
         )
         trainer.train()

@@ -4,7 +4,9 @@ Each training task becomes one conversational prompt (:func:`birdtrain.prompts.s
 plus its ``task_id``; TRL samples ``num_generations`` answers per prompt and scores each with
 :func:`birdtrain.rewards.solution_reward` (the official judge's verdict on the ``<solution>``),
 plus ``format_reward_weight`` × :func:`birdtrain.rewards.format_reward` through TRL's
-``reward_weights``. Advantages are relative to the group, as GRPO defines them.
+``reward_weights``. Advantages are relative to the group, as GRPO defines them. A task mixture
+(``data.mixture``) may hold BIRD questions: their prompt is the BIRD single-turn prompt and the
+same reward function scores them by execution accuracy (:func:`birdtrain.rewards.score_submission`).
 
 One optimizer step sees ``prompts_per_step`` prompts × ``num_generations`` completions: a
 micro-batch is one prompt's group and gradients accumulate over the prompts, so memory grows with
@@ -18,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from birdenv.bird import BirdTask
 from birdenv.tasks import Task
 from birdtrain.stages import save_checkpoint, trainer_device_args, write_metrics
 
@@ -26,7 +29,9 @@ __all__ = ["build_dataset", "build_trainer", "run", "step_metrics"]
 logger = logging.getLogger(__name__)
 
 
-def build_dataset(tasks: Iterable[Task], tokenizer: Any, max_prompt_length: int | None) -> Any:
+def build_dataset(
+    tasks: Iterable[Task | BirdTask], tokenizer: Any, max_prompt_length: int | None
+) -> Any:
     """The GRPO dataset: ``prompt`` (one user message) and ``task_id`` per task.
 
     TRL 1.16's GRPO has no prompt-length setting, and cutting a prompt would cut its schema or
@@ -62,7 +67,9 @@ def build_dataset(tasks: Iterable[Task], tokenizer: Any, max_prompt_length: int 
     return Dataset.from_list(rows)
 
 
-def build_trainer(cfg: Any, *, model_path: str, out_dir: Path, tasks: Iterable[Task]) -> Any:
+def build_trainer(
+    cfg: Any, *, model_path: str, out_dir: Path, tasks: Iterable[Task | BirdTask]
+) -> Any:
     """The configured ``GRPOTrainer`` (what :func:`run` trains)."""
     from trl import GRPOConfig, GRPOTrainer
 
@@ -126,7 +133,7 @@ def step_metrics(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run(cfg: Any, *, model_path: str, out_dir: Path, tasks: Iterable[Task]) -> Path:
+def run(cfg: Any, *, model_path: str, out_dir: Path, tasks: Iterable[Task | BirdTask]) -> Path:
     """Train stage 3 from ``model_path`` on ``tasks``; return the checkpoint path.
 
     Writes ``out_dir/metrics.jsonl`` (per step: ``step``, ``loss``, ``learning_rate``,
