@@ -26,9 +26,11 @@ in the fixture's ``official`` field. A pair's ``timeout`` (seconds) is the time 
 sides; the default is the official 30 s.
 
 ``suite`` runs the whole official ``evaluation_ex.py`` (the mini-dev command line: a prediction
-JSON object, a gold ``.sql`` file, a difficulty JSONL) and ``birdenv evaluate`` on three prediction
-sets for a bundled suite (the gold itself, a wrong column added to every gold, the gold inside an
-aliased derived table) and compares the EX table per difficulty.
+JSON object, a gold ``.sql`` file, a difficulty JSONL) and ``birdenv evaluate`` on prediction sets
+for a bundled suite (the gold itself, a wrong column added to every gold, the gold inside an
+aliased derived table, the hand-written rewrites of ``tests/fixtures/bird_ex/rewrites.jsonl``, a
+mixture) and compares the EX table per difficulty, then each question's verdict against the
+official ``execute_model`` on that question.
 
 Exit status 1 when anything disagrees (deliberate differences excepted).
 """
@@ -173,14 +175,45 @@ def cmd_pairs(args: argparse.Namespace) -> int:
 _TABLE = re.compile(r"^EX\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", re.MULTILINE)
 
 
+# Runs in the official scripts' Python: ``execute_model`` on many read-only pairs in one process
+# (the suite's prediction sets do not write, so the databases are shared).
+_BATCH_DRIVER = r"""
+import inspect, json, sys
+src = sys.argv[1]
+sys.path.insert(0, src)
+mod = __import__("evaluation_ex")
+out = []
+for pred, gold, db in json.loads(sys.stdin.read()):
+    out.append(mod.execute_model(pred, gold, db, len(out), 30.0, "SQLite")["res"])
+sys.stdout.write("\nRESULT " + json.dumps(out) + "\n")
+"""
+REWRITES = ROOT / "tests" / "fixtures" / "bird_ex" / "rewrites.jsonl"
+
+
+def one_line(sql: str) -> str:
+    """The official gold file holds one ``SQL<TAB>db_id`` a line: no newlines or tabs inside."""
+    return re.sub(r"[\r\n\t]+", " ", sql).strip()
+
+
 def prediction_sets(tasks: list[Any]) -> dict[str, dict[int, str]]:
-    """Three prediction sets: the gold, a wrong extra column, the gold under an alias."""
-    sets: dict[str, dict[int, str]] = {"gold": {}, "wrong_column": {}, "rewrite": {}}
-    for task in tasks:
+    """Prediction sets: the gold; a wrong extra column; the gold under an alias; the hand-written
+    rewrites of ``tests/fixtures/bird_ex/rewrites.jsonl`` (gold elsewhere); a mixture of the
+    first three by question."""
+    handwritten = {
+        row["question_id"]: row["pred_sql"]
+        for row in map(json.loads, REWRITES.read_text().splitlines())
+    }
+    sets: dict[str, dict[int, str]] = {
+        name: {} for name in ("gold", "wrong_column", "rewrite", "handwritten", "mixed")
+    }
+    for index, task in enumerate(tasks):
         gold = task.SQL.strip().rstrip(";")
-        sets["gold"][task.question_id] = task.SQL
-        sets["wrong_column"][task.question_id] = f"SELECT *, 'x' AS wrong FROM ({gold})"
-        sets["rewrite"][task.question_id] = f"SELECT q_alias.* FROM ({gold}) AS q_alias"
+        qid = task.question_id
+        sets["gold"][qid] = task.SQL
+        sets["wrong_column"][qid] = f"SELECT *, 'x' AS wrong FROM ({gold})"
+        sets["rewrite"][qid] = f"SELECT q_alias.* FROM ({gold}) AS q_alias"
+        sets["handwritten"][qid] = handwritten.get(qid, task.SQL)
+        sets["mixed"][qid] = (sets["gold"], sets["wrong_column"], sets["rewrite"])[index % 3][qid]
     return sets
 
 
@@ -200,7 +233,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
             (db_root / db_id).mkdir(parents=True)
             shutil.copyfile(task.db_path, db_root / db_id / f"{db_id}.sqlite")
         gold_sql = work / "gold.sql"
-        gold_sql.write_text("".join(f"{' '.join(t.SQL.split())}\t{t.db_id}\n" for t in tasks))
+        gold_sql.write_text("".join(f"{one_line(t.SQL)}\t{t.db_id}\n" for t in tasks))
         diff = work / "diff.jsonl"
         diff.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in tasks))
         for name, preds in prediction_sets(tasks).items():
@@ -209,7 +242,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
             pred_file.write_text(
                 json.dumps(
                     {
-                        str(qid): f"{' '.join(sql.split())}\t----- bird -----\t{by_id[qid].db_id}"
+                        str(qid): f"{one_line(sql)}\t----- bird -----\t{by_id[qid].db_id}"
                         for qid, sql in preds.items()
                     }
                 )
@@ -276,10 +309,40 @@ def cmd_suite(args: argparse.Namespace) -> int:
                 )
                 ours.append(float(match.group(1)) if match else float("nan"))
             same = all(abs(a - b) < 0.005 for a, b in zip(official, ours, strict=True))
-            failures += not same
+            # Per question: the official execute_model on each pair, against our verdict rows.
+            pairs = [
+                [
+                    one_line(preds[t.question_id]),
+                    one_line(t.SQL),
+                    str(db_root / t.db_id / f"{t.db_id}.sqlite"),
+                ]
+                for t in tasks
+            ]
+            batch = subprocess.run(
+                [args.official_python, "-c", _BATCH_DRIVER, str(src)],
+                input=json.dumps(pairs),
+                capture_output=True,
+                text=True,
+            )
+            found = re.search(r"^RESULT (.*)$", batch.stdout, re.MULTILINE)
+            if batch.returncode or not found:
+                raise SystemExit(f"the official driver failed:\n{batch.stdout}\n{batch.stderr}")
+            per_question = json.loads(found.group(1))
+            verdicts = {
+                row["question_id"]: row["correct"]
+                for row in map(json.loads, out.read_text().splitlines())
+            }
+            differ = [
+                t.question_id
+                for t, res in zip(tasks, per_question, strict=True)
+                if verdicts[t.question_id] != bool(res)
+            ]
+            failures += not same or bool(differ)
             print(
-                f"{name:<13} official EX simple/moderate/challenging/total {official} in "
-                f"{official_s:.1f} s; ours {ours} in {ours_s:.1f} s: {'agree' if same else 'DISAGREE'}"
+                f"{name:<13} EX simple/moderate/challenging/total: official {official} in "
+                f"{official_s:.1f} s, ours {ours} in {ours_s:.1f} s: {'agree' if same else 'DISAGREE'}; "
+                f"per question {len(tasks) - len(differ)}/{len(tasks)} agree"
+                + (f" (differ: {differ})" if differ else "")
             )
     return 1 if failures else 0
 

@@ -9,7 +9,9 @@ suites ``bird-mini-train`` and ``bird-mini-eval`` (questions in ``suites/bird/{d
 a ``split`` field) run on the bundled databases, named ``{db_id}_template.sqlite``.
 
 :func:`execution_accuracy` is BIRD's official rule: the prediction and the gold run on the same
-fresh state, prediction first, and the answer is correct when ``set(rows)`` are equal.
+fresh state, prediction first, and the answer is correct when ``set(rows)`` are equal. With
+``isolate_gold=True`` (what rewards use) the gold runs on a pristine state of its own instead, so
+a prediction that writes cannot change what it is compared with.
 """
 
 from __future__ import annotations
