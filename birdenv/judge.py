@@ -748,6 +748,7 @@ def judge_many(
                         worker.job = None
                         continue
                     except (EOFError, OSError):
+                        worker.process.join(timeout=5)  # reaped, for its exit code
                         why = (
                             f"crash: the judging worker died (exit code {worker.process.exitcode})"
                         )

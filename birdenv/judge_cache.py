@@ -135,7 +135,8 @@ class JudgeCache:
             return None
         if self._conn is None:
             try:
-                conn = sqlite3.connect(self.path, timeout=5, check_same_thread=False)
+                # A short wait: a busy cache is skipped, never waited on for long.
+                conn = sqlite3.connect(self.path, timeout=1, check_same_thread=False)
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute(
                     "CREATE TABLE IF NOT EXISTS issue_outcome "

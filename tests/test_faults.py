@@ -322,3 +322,12 @@ def test_judge_many_bounds_test_code_that_swallows_the_deadline(shop, tmp_path: 
         ("swallow", "timeout"),
     ]
     assert "killed" in verdicts[0].error and verdicts[1].passed
+
+
+def test_judge_many_survives_test_code_that_kills_its_process(shop) -> None:
+    _, db_dir, _ = shop
+    dies = parse_task(_task(db_dir, "dies", "    import os\n    os._exit(7)\n"), db_dir=db_dir)
+    passes = parse_task(_task(db_dir, "passes", TESTS["passes"]), db_dir=db_dir)
+    verdicts = list(judge_many([(dies, ["SELECT 2"]), (passes, ["SELECT 2"])], processes=2))
+    assert [(v.instance_id, v.phase) for v in verdicts] == [("dies", "crash"), ("passes", None)]
+    assert "exit code 7" in verdicts[0].error
