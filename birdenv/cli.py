@@ -327,13 +327,8 @@ def _pick_scorer(args: argparse.Namespace, path: Path) -> tuple[str, str]:
     for source, label in ((path, "prediction"), (Path(args.tasks or ""), "task")):
         if not source.is_file():
             continue
-        first = next((row for _, row in _jsonl_rows(source) if isinstance(row, dict)), None)
-        if source.suffix == ".json" and first is None:  # an official dev.json: one JSON array
-            try:
-                rows = json.loads(source.read_text(encoding="utf-8"))
-            except json.JSONDecodeError:
-                rows = []
-            first = rows[0] if isinstance(rows, list) and rows else None
+        # JSONL, or one JSON array as the official dev.json is.
+        first = next((row for _, row in _bird_rows(source) if isinstance(row, dict)), None)
         if isinstance(first, dict) and any(k in first for k in _CRITIC_KEYS):
             return "critic", f"the {label} rows are BIRD-CRITIC rows"
         if isinstance(first, dict) and any(k in first for k in _BIRD_KEYS):
@@ -341,13 +336,29 @@ def _pick_scorer(args: argparse.Namespace, path: Path) -> tuple[str, str]:
     return "critic", "the default"
 
 
+def _bird_rows(path: Path) -> Iterator[tuple[int, Any]]:
+    """``(line, row)`` of a JSONL file, or ``(item, row)`` of a file holding one JSON array."""
+    with path.open(encoding="utf-8") as fh:
+        is_array = fh.read(1 << 16).lstrip().startswith("[")
+    if is_array:
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            yield exc.lineno, _InputError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})")
+            return
+        yield from enumerate(rows, 1)
+        return
+    yield from _jsonl_rows(path)
+
+
 def _read_bird_predictions(path: Path) -> Iterator[tuple[int, str, Any]]:
     """Yield ``(position, where, (question_id, sql, db_id | None, warnings) | error)`` for each
     prediction; ``where`` names the entry in messages.
 
     Two forms: BIRD's own JSON object ``{"<question_id>": "<SQL>\\t----- bird -----\\t<db_id>"}``
-    (position = the entry's rank in the object) or JSONL rows with ``question_id`` and ``pred_sql``
-    (or ``SQL``; ``pred_sql`` wins when a row has both, so a task row can carry its prediction).
+    (position = the entry's rank in the object) or rows with ``question_id`` and ``pred_sql`` (or
+    ``SQL``; ``pred_sql`` wins when a row has both, so a task row can carry its prediction), one
+    a line (JSONL) or in one JSON array.
     """
     whole = _bird_object(path)
     if whole is not None:
@@ -369,7 +380,7 @@ def _read_bird_predictions(path: Path) -> Iterator[tuple[int, str, Any]]:
                 continue
             yield position, where, _InputError(f"{where}: {error}")
         return
-    for lineno, row in _jsonl_rows(path):
+    for lineno, row in _bird_rows(path):
         where = f"{path}:{lineno}"
         if isinstance(row, _InputError):
             yield lineno, where, row

@@ -245,6 +245,12 @@ def test_bird_jsonl_rows_bad_lines_and_duplicates(tmp_path: Path, capsys) -> Non
     assert "field 'pred_sql' (or 'SQL')" in rows[3]["error"]
     assert "expected an object with 'question_id'" in rows[4]["error"]
     assert "--scorer ex" in capsys.readouterr().err
+    # The same rows in one JSON array are read the same way (found without --scorer).
+    array = tmp_path / "preds.json"
+    array.write_text(json.dumps([json.loads(line) for line in preds.read_text().splitlines()[2:3]]))
+    assert main(["evaluate", str(array), "--out", str(out)]) == 0
+    assert read_rows(out)[0]["phase"] == "mismatch" and read_rows(out)[0]["line"] == 1
+    assert "the prediction rows are BIRD rows" in capsys.readouterr().err
 
 
 def test_scorer_detection_and_forcing(tmp_path: Path, shop_dir: Path, capsys) -> None:
