@@ -14,7 +14,7 @@ import sqlite3
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -218,7 +218,7 @@ def _scored_rows(
     entries: list[tuple[int, Any]],
     verdicts: Iterator[Any],
     path: Path,
-    fields: Any,
+    fields: Callable[[Any], dict[str, Any]],
 ) -> list[dict[str, Any]]:
     """One output row per input entry, in input order: an ``"input"`` failure for a row that could
     not be read (with a warning naming it), else its verdict plus ``fields(task)`` and any
@@ -436,7 +436,11 @@ def _evaluate_bird(args: argparse.Namespace, path: Path) -> int:
     """Execution accuracy of BIRD predictions, overall and per difficulty, with the official rule.
 
     Every question of the task set counts: one with no (readable) prediction scores 0 (phase
-    ``"missing"``), so EX is over the whole set as in BIRD's own report.
+    ``"missing"``), so EX is over the whole set as in BIRD's own report. Where the official
+    scripts differ, on input only: they pair predictions with questions by position, here by
+    question id; they score a non-string prediction as the query ``" "``, here it is a named bad
+    entry (and its question scores 0); their time limit (30 s) covers the prediction and the gold
+    together, here each one (``--statement-timeout``, default 30 s).
     """
     from birdenv.bird import DIFFICULTIES, execution_accuracy_many, load_bird
 
@@ -682,7 +686,11 @@ def _add_task_source(parser: argparse.ArgumentParser, *, bird: bool = False) -> 
         parser.add_argument(
             "--suite", default="critic-mini", choices=suites.names(), help="bundled suite"
         )
-    parser.add_argument("--tasks", help="official task JSONL (instead of a bundled suite)")
+    parser.add_argument(
+        "--tasks",
+        help="official task file instead of a bundled suite: BIRD-CRITIC JSONL"
+        + (", or BIRD questions (dev.json, mini_dev_sqlite.json or JSONL)" if bird else ""),
+    )
     parser.add_argument("--db-dir", help="folder holding {db_id}/{db_id}_template.sqlite")
 
 
