@@ -16,7 +16,9 @@ if given (rows of ``instance_id`` + ``pred_sqls``). Each set is judged twice on 
   instance, exactly as the official wrapper starts it (180 s limit, ``EPHEMERAL_DB_PATH``), but
   each on its own fresh copy of the template, ``--jobs`` at a time (the wrapper's own copy choice
   lets concurrent threads share a copy);
-* ours: ``birdenv evaluate INPUT --db-dir D --out OUT --jobs N``.
+* ours: ``birdenv evaluate INPUT --db-dir D --out OUT --jobs N``, twice: with ``--no-cache``
+  (every issue phase runs) and as users run it (issue-phase outcomes remembered by an earlier
+  run or by ``birdenv data validate`` are reused; the line before that row says how many were).
 
 It prints, per set, how many instances each side passed, how many statuses agree, every
 disagreement, and both wall times. Exit status 1 when any status disagrees.
@@ -98,12 +100,14 @@ def run_official(
         return list(pool.map(one, range(len(rows)), rows))
 
 
-def run_ours(input_path: Path, db_dir: Path, out_path: Path, *, jobs: int) -> list[dict[str, Any]]:
+def run_ours(
+    input_path: Path, db_dir: Path, out_path: Path, *, jobs: int, cache: bool = True
+) -> list[dict[str, Any]]:
     """Judge the same input with ``birdenv evaluate``; verdict rows in input order."""
     command = [
         sys.executable, "-c", "import sys; from birdenv.cli import main; sys.exit(main())",
         "evaluate", str(input_path), "--db-dir", str(db_dir), "--out", str(out_path),
-        "--jobs", str(jobs),
+        "--jobs", str(jobs), *([] if cache else ["--no-cache"]),
     ]  # fmt: skip
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0 or not out_path.is_file():
@@ -220,8 +224,16 @@ def main(argv: list[str] | None = None) -> int:
             )
             t_official = time.perf_counter() - started
             started = time.perf_counter()
+            cold = run_ours(
+                input_path, db_dir, work / f"{name}.cold.jsonl", jobs=args.jobs, cache=False
+            )
+            t_cold = time.perf_counter() - started
+            disagreements += compare(f"{name} (--no-cache)", official, cold, (t_official, t_cold))
+            started = time.perf_counter()
             ours = run_ours(input_path, db_dir, work / f"{name}.ours.jsonl", jobs=args.jobs)
             t_ours = time.perf_counter() - started
+            cached = sum(bool(v.get("issue_cached")) for v in ours)
+            print(f"  (cached issue phases in the run below: {cached}/{len(ours)})")
             with (work / f"{name}.official.jsonl").open("w", encoding="utf-8") as fh:
                 fh.writelines(json.dumps(r) + "\n" for r in official)
             disagreements += compare(name, official, ours, (t_official, t_ours))

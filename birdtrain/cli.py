@@ -319,6 +319,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         max_turns=args.max_turns,
         max_new_tokens=args.max_new_tokens,
         num_envs=args.num_envs,
+        engine=args.engine,
         label=args.label or Path(str(args.policy)).name,
         suite=args.tasks or args.suite,
     )
@@ -406,6 +407,12 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-turns", type=int, default=5)
     ev.add_argument("--max-new-tokens", type=int, default=512)
     ev.add_argument("--num-envs", type=int, default=8, help="parallel environments")
+    ev.add_argument(
+        "--engine",
+        choices=("auto", "vllm", "transformers"),
+        default="auto",
+        help="generation for a local model (auto: vLLM when installed with a GPU)",
+    )
     ev.add_argument("--out", default="runs/eval", help="output folder")
     ev.add_argument("--label", help="name of this policy in reports")
     ev.set_defaults(func=_cmd_eval)

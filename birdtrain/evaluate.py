@@ -203,13 +203,13 @@ def _model_episodes(
     max_new_tokens: int,
     temperature: float,
     num_envs: int,
+    engine: str,
 ) -> tuple[list[dict], dict[str, float]]:
     """A local model as an agent, rolled out through a vector env exactly as in stage 4."""
     from birdenv.vector import make_vec
-    from birdtrain.models import load_policy
-    from birdtrain.rollout import TransformersPolicy, collect
+    from birdtrain.rollout import collect, generation_policy
 
-    model, tokenizer = load_policy(model_path)
+    generator = generation_policy(model_path, engine=engine)
     envs = make_vec(
         min(num_envs, len(tasks) * n),
         tasks=tasks,
@@ -219,7 +219,7 @@ def _model_episodes(
     try:
         rollouts = collect(
             envs,
-            TransformersPolicy(model, tokenizer),
+            generator,
             [t.instance_id for t in tasks],
             num_generations=n,
             max_turns=max_turns,
@@ -249,7 +249,13 @@ def _model_episodes(
 
 
 def _single_answers(
-    policy: str, tasks: list[Task], *, n: int, max_new_tokens: int, temperature: float
+    policy: str,
+    tasks: list[Task],
+    *,
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    engine: str,
 ) -> list[dict]:
     """One ``<solution>`` per sample from a model or an endpoint."""
     from birdtrain.prompts import parse_solution, single_turn_prompt
@@ -266,11 +272,10 @@ def _single_answers(
             client.chat(p, temperature=temperature, max_tokens=max_new_tokens) for p in prompts
         ]
     else:
-        from birdtrain.models import load_policy
-        from birdtrain.rollout import TransformersPolicy
+        from birdtrain.rollout import generation_policy
 
-        model, tokenizer = load_policy(policy)
-        generator = TransformersPolicy(model, tokenizer)
+        generator = generation_policy(policy, engine=engine)
+        tokenizer = generator.tokenizer
         texts = []
         for i in range(0, len(prompts), 8):
             batch = [
@@ -365,6 +370,7 @@ def evaluate_policy(
     label: str | None = None,
     suite: str = "tasks",
     store_dir: str | Path | None = None,
+    engine: str = "auto",
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on ``tasks``; write predictions, verdicts and a summary into ``out_dir``.
 
@@ -373,6 +379,8 @@ def evaluate_policy(
     ``"generation"``), ``by_category`` (categories, or difficulties), ``pass@k`` when ``n > 1``,
     the time split, and ``table`` (the paper's figures beside this one). BIRD questions also get
     ``execution_accuracy`` and ``by_difficulty`` (the same figures under their own names).
+    A local model generates with ``engine`` (``"auto"``: vLLM when installed with CUDA, else
+    transformers; see :func:`birdtrain.rollout.generation_policy`).
     """
     if mode not in ("agent", "single"):
         raise ValueError(f"mode must be 'agent' or 'single', got {mode!r}")
@@ -417,6 +425,7 @@ def evaluate_policy(
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
                 num_envs=num_envs,
+                engine=engine,
             )
             split.update(times)
         for e in episodes:
@@ -452,7 +461,12 @@ def evaluate_policy(
         if policy in _REFERENCE:
             raise ValueError("reference policies act in the environment: use mode='agent'")
         episodes = _single_answers(
-            policy, tasks, n=n, max_new_tokens=max_new_tokens, temperature=temperature
+            policy,
+            tasks,
+            n=n,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            engine=engine,
         )
         split["generation_s"] = sum(e["gen_s"] for e in episodes)
         judge_started = time.perf_counter()

@@ -312,3 +312,23 @@ def test_dropped_rollouts_get_no_reward_and_no_loss(shop_tasks: list, tokenizer:
         **{k: v for k, v in out.items() if k.startswith("agent_")},
     )
     assert rewards == [None, None] and logged["agentic/dropped"] == 2.0
+
+
+def test_generation_policy_picks_an_engine_that_exists(tiny: Path) -> None:
+    import importlib.util
+
+    import torch
+
+    from birdtrain.rollout import TransformersPolicy, generation_policy
+
+    if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
+        policy = generation_policy(str(tiny), engine="auto")
+        assert isinstance(policy, TransformersPolicy)
+        ids = policy.tokenizer("SELECT 1")["input_ids"]
+        ((out, logps),) = policy.generate([ids], max_new_tokens=3, temperature=0.0)
+        assert 0 < len(out) <= 3 and len(logps) == len(out)
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ImportError, match=r"bird-rl\[vllm\]"):
+            generation_policy(str(tiny), engine="vllm")
+    with pytest.raises(ValueError, match="engine must be"):
+        generation_policy(str(tiny), engine="tpu")
