@@ -31,6 +31,7 @@ from birdenv.errors import BirdEnvError, DatabaseNotFoundError, TaskFormatError,
 from birdenv.judge import JUDGE_LIMITS
 from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.replicas.session import Session, StatementTimeout
+from birdenv.replicas.store import Base
 
 __all__ = [
     "BIRD_SUITES",
@@ -323,14 +324,16 @@ _GOLD_CACHE_LOCK = threading.Lock()
 class _Outcome:
     """One query's result as EX sees it: its row set, or the phase and error that stopped it."""
 
-    rows: frozenset | None = None
+    rows: frozenset[tuple[Any, ...]] | None = None
     count: int | None = None
     phase: str | None = None
     error: str | None = None
     seconds: float = 0.0
 
 
-def _run_query(session: Session, sql: str, statement_timeout: float | None) -> tuple[set, int]:
+def _run_query(
+    session: Session, sql: str, statement_timeout: float | None
+) -> tuple[frozenset[tuple[Any, ...]], int]:
     """Run one query as BIRD's ``execute_sql`` does: ``cursor.execute(sql)``, then ``fetchall()``.
 
     No commit between the two (unlike :func:`birdenv.replicas.session.run_statement`, which
@@ -350,7 +353,7 @@ def _run_query(session: Session, sql: str, statement_timeout: float | None) -> t
             rows.extend(batch)
             if len(rows) > EX_MAX_ROWS:
                 raise _TooLong(f"more than {EX_MAX_ROWS:,} rows: not compared")
-        return set(rows), len(rows)
+        return frozenset(rows), len(rows)
     except sqlite3.OperationalError as exc:
         if (
             statement_timeout is not None
@@ -375,10 +378,10 @@ def _outcome(session: Session, sql: str, who: str, statement_timeout: float | No
     label = "prediction" if who == "prediction" else "gold SQL"
     try:
         rows, count = _run_query(session, sql, statement_timeout)
-        return _Outcome(frozenset(rows), count, seconds=time.perf_counter() - started)
+        return _Outcome(rows, count, seconds=time.perf_counter() - started)
     except StatementTimeout:
         phase, error = "timeout", f"{label} timed out after {statement_timeout:g} s"
-    # sqlite3.Warning: Python 3.11 reports two statements in one string with it.
+    # Two statements in one string: ProgrammingError on Python 3.11, sqlite3.Warning before.
     except (
         sqlite3.Error,
         sqlite3.Warning,
@@ -392,7 +395,7 @@ def _outcome(session: Session, sql: str, who: str, statement_timeout: float | No
 
 
 def _pristine_gold(
-    task: BirdTask, base: Any, pool: ReplicaPool, statement_timeout: float | None
+    task: BirdTask, base: Base, pool: ReplicaPool, statement_timeout: float | None
 ) -> tuple[_Outcome, bool]:
     """The gold's outcome on a fresh state of its own, and whether it came from the cache.
 
