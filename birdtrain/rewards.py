@@ -114,7 +114,9 @@ def score_submission(task: Task | BirdTask, sql_list: list[str]) -> Any:
                 phase="prediction",
                 error="sql_list is empty: submit one SELECT statement",
             )
-        return execution_accuracy(task, sql_list[-1])
+        # The gold on an untouched state, as the environment rewards: under the official rule a
+        # prediction that writes (DELETE ...) can empty what the gold reads and score 1.
+        return execution_accuracy(task, sql_list[-1], isolate_gold=True)
     from birdenv.judge import judge
 
     return judge(task, sql_list)

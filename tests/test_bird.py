@@ -417,3 +417,13 @@ def test_unknown_task_and_bad_arguments(hospital_file: Path) -> None:
         env.close()
     with pytest.raises(ValueError, match="reward"):
         gym.make("BirdSQL-SQLite-v0", tasks=hospital_file, db_root=root, reward="dense")
+
+
+def test_training_rewards_cannot_be_won_by_emptying_the_gold_table() -> None:
+    from birdtrain.rewards import score_submission
+
+    question = next(q for q in load_bird("bird-mini-eval") if "FROM districts" in q.SQL)
+    hack = "DELETE FROM districts"
+    assert execution_accuracy(question, hack).correct  # the official rule falls for it
+    assert not score_submission(question, [hack]).passed
+    assert score_submission(question, [question.SQL]).passed
