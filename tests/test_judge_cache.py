@@ -14,6 +14,7 @@ from birdenv.judge import judge
 from birdenv.judge_cache import CACHE_FILE
 from birdenv.replicas import ReplicaPool
 from birdenv.tasks import parse_task
+from tests.conftest import SHOP_TASKS
 
 
 def by_id(tasks: list, instance_id: str):
@@ -54,18 +55,7 @@ def _judge_in_new_process(root: Path, row: dict, db_dir: Path, pred: list[str]) 
     return json.loads(proc.stdout)
 
 
-SHOP_2 = {
-    "instance_id": "shop_2",
-    "db_id": "shop",
-    "issue_sql": ["UPDATE orders SET total = 0 WHERE total = NULL"],
-    "sol_sql": ["UPDATE orders SET total = 0 WHERE total IS NULL"],
-    "test_cases": [
-        "def test_case(pred_sqls, sol_sqls, db_path, conn, conditions):\n"
-        "    res, err, to = execute_queries(['SELECT count(*) FROM orders WHERE total IS NULL'], db_path, conn, None, '')\n"
-        "    assert not err and res[0][0] == 0, res\n"
-        "    return 1\n"
-    ],
-}
+SHOP_2 = next(row for row in SHOP_TASKS if row["instance_id"] == "shop_2")
 
 
 def test_the_cache_outlives_the_process_and_follows_the_base(
