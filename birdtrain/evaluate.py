@@ -282,7 +282,8 @@ def _single_answers(
                 tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
                 for p in prompts[i : i + 8]
             ]
-            batch = [list(ids["input_ids"] if isinstance(ids, dict) else ids) for ids in batch]
+            # transformers 5 returns a BatchEncoding (a mapping, not a dict) for tokenize=True.
+            batch = [list(ids["input_ids"] if hasattr(ids, "keys") else ids) for ids in batch]
             for ids, _ in generator.generate(
                 batch, max_new_tokens=max_new_tokens, temperature=temperature
             ):

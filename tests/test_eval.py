@@ -81,3 +81,98 @@ def test_pass_at_k_and_argument_errors(tmp_path: Path) -> None:
         evaluate_policy(
             "oracle", tasks=load_tasks("critic-mini")[:1], out_dir=tmp_path, mode="single"
         )
+
+
+# -- BIRD questions: execution accuracy --------------------------------------------------------
+@pytest.mark.parametrize(
+    ("policy", "expected"), [("oracle", 100.0), ("echo", 0.0), ("scripted", 100.0)]
+)
+def test_reference_policies_on_bird_mini_eval(policy: str, expected: float, tmp_path: Path) -> None:
+    from birdenv.bird import load_bird
+
+    questions = load_bird("bird-mini-eval")
+    summary = evaluate_policy(policy, tasks=questions, out_dir=tmp_path, num_envs=2)
+    assert (summary["metric"], summary["task"]) == ("EX", "generation")
+    assert summary["execution_accuracy"] == summary["success_rate"] == expected
+    assert summary["n"] == len(questions)
+    assert set(summary["by_difficulty"]) == {"simple", "moderate", "challenging"}
+    assert all(v["success_rate"] == expected for v in summary["by_difficulty"].values())
+    assert "EX %" in summary["table"] and "BIRD dev (paper)" in summary["table"]
+    # BIRD's official prediction file: {question_id: "SQL\t----- bird -----\tdb_id"}.
+    official = json.loads((tmp_path / "predict.json").read_text())
+    first = questions[0]
+    sql, marker, db_id = official[first.instance_id].split("\t")
+    assert (marker, db_id) == ("----- bird -----", first.db_id)
+    assert (sql == first.SQL) == (expected == 100.0)
+
+
+def test_bird_eval_from_the_command_line_and_from_files(tmp_path: Path, capsys) -> None:
+    from birdenv import suites
+    from birdenv.bird import load_bird
+
+    assert (
+        main(
+            [
+                "eval",
+                "--policy",
+                "oracle",
+                "--suite",
+                "bird-mini-eval",
+                "--limit",
+                "5",
+                "--num-envs",
+                "2",
+                "--out",
+                str(tmp_path / "suite"),
+            ]
+        )
+        == 0
+    )
+    assert "oracle by difficulty" in capsys.readouterr().out
+    # The official layout: a JSON array file and {db_root}/{db_id}/{db_id}.sqlite.
+    questions = load_bird("bird-mini-eval")[:4]
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps([q.to_dict() for q in questions]))
+    db_root = suites.ensure().db_dir
+    assert (
+        main(
+            [
+                "eval",
+                "--policy",
+                "echo",
+                "--tasks",
+                str(path),
+                "--db-root",
+                str(db_root),
+                "--num-envs",
+                "1",
+                "--out",
+                str(tmp_path / "file"),
+            ]
+        )
+        == 0
+    )
+    summary = json.loads((tmp_path / "file" / "summary.json").read_text())
+    assert (summary["n"], summary["execution_accuracy"]) == (4, 0.0)
+
+
+def test_bird_single_mode_and_one_kind_per_evaluation(tmp_path: Path) -> None:
+    from birdenv.bird import load_bird
+
+    questions = load_bird("bird-mini-eval")[:1]
+    with pytest.raises(ValueError, match="evaluate each kind on its own"):
+        evaluate_policy("oracle", tasks=load_tasks("critic-mini")[:1] + questions, out_dir=tmp_path)
+    with pytest.raises(ValueError, match="agent"):
+        evaluate_policy("oracle", tasks=questions, out_dir=tmp_path, mode="single")
+    # A model answers once; its <solution>'s last statement is scored by execution accuracy.
+    summary = evaluate_policy(
+        "tiny",
+        tasks=load_bird("bird-mini-eval")[:2],
+        out_dir=tmp_path,
+        mode="single",
+        max_new_tokens=8,
+    )
+    assert (summary["metric"], summary["n"], summary["execution_accuracy"]) == ("EX", 2, 0.0)
+    verdicts = [json.loads(x) for x in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
+    assert [v["status"] for v in verdicts] == ["failed", "failed"]
+    assert all(v["verdict"]["instance_id"] == v["instance_id"] for v in verdicts)
