@@ -17,7 +17,6 @@ a prediction that writes cannot change what it is compared with.
 from __future__ import annotations
 
 import dataclasses
-import json
 import multiprocessing
 import sqlite3
 import threading
@@ -32,6 +31,7 @@ from birdenv.judge import JUDGE_LIMITS
 from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.replicas.session import Session, StatementTimeout
 from birdenv.replicas.store import Base
+from birdenv.tasks import open_row, plain_db_id, read_rows
 
 __all__ = [
     "BIRD_SUITES",
@@ -126,22 +126,11 @@ def parse_bird_task(
     row: Any, *, source: str = "<row>", line: int = 0, db_root: str | Path | None = None
 ) -> BirdTask:
     """Build a :class:`BirdTask` from one decoded row, naming ``source:line`` and the field on error."""
-    where = f"{source}:{line}" if line else source
-
-    def fail(field: str, why: str) -> TaskFormatError:
-        return TaskFormatError(f"{where}: field {field!r}: {why}")
-
-    if not isinstance(row, dict):
-        raise TaskFormatError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    data = dict(row)
+    data, fail = open_row(row, source=source, line=line)
     question_id = data.pop("question_id", None)
     if isinstance(question_id, bool) or not isinstance(question_id, int):
         raise fail("question_id", "missing or not an integer")
-    db_id = data.pop("db_id", None)
-    if not isinstance(db_id, str) or not db_id:
-        raise fail("db_id", "missing or not a non-empty string")
-    if "/" in db_id or "\\" in db_id or db_id in (".", ".."):
-        raise fail("db_id", f"not a plain database name: {db_id!r}")
+    db_id = plain_db_id(data.pop("db_id", None), fail)
     texts: dict[str, str] = {}
     for field, required in (("question", True), ("SQL", True), ("evidence", False)):
         value = data.pop(field, None)
@@ -165,26 +154,6 @@ def parse_bird_task(
     )
 
 
-def _rows(path: Path) -> Iterator[tuple[int, Any] | TaskFormatError]:
-    """``(line, row)`` of a JSONL file, or ``(item, row)`` of a JSON array file."""
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as exc:
-            yield TaskFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})")
-            return
-        yield from enumerate(items, start=1)
-        return
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield lineno, json.loads(line)
-        except json.JSONDecodeError as exc:
-            yield TaskFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})")
-
-
 def iter_bird(
     path: str | Path, *, db_root: str | Path | None = None, split: str | None = None
 ) -> Iterator[BirdTask | TaskFormatError]:
@@ -194,7 +163,7 @@ def iter_bird(
     those of that split are yielded; the ``split`` field is not kept.
     """
     path = Path(path)
-    for item in _rows(path):
+    for item in read_rows(path):
         if isinstance(item, TaskFormatError):
             yield item
             continue

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,10 +106,34 @@ def split_sql_field(value: Any) -> list[str]:
     )
 
 
-def parse_task(
-    row: Any, *, source: str = "<row>", line: int = 0, db_dir: str | Path | None = None
-) -> Task:
-    """Build a :class:`Task` from one decoded JSONL row, naming ``source:line`` and the field on error."""
+def read_rows(path: Path) -> Iterator[tuple[int, Any] | TaskFormatError]:
+    """``(line, row)`` of each line of a JSONL file, or ``(item, row)`` of a JSON array file; a
+    line that is not valid JSON comes as the :class:`TaskFormatError` naming it."""
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            yield TaskFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})")
+            return
+        yield from enumerate(items, start=1)
+        return
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield TaskFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})")
+
+
+def open_row(
+    row: Any, *, source: str, line: int
+) -> tuple[dict[str, Any], Callable[[str, str], TaskFormatError]]:
+    """A row's fields as a new dict, and the maker of errors naming ``source:line`` and a field.
+
+    Raises :class:`TaskFormatError` when the row is not a JSON object.
+    """
     where = f"{source}:{line}" if line else source
 
     def fail(field: str, why: str) -> TaskFormatError:
@@ -117,7 +141,23 @@ def parse_task(
 
     if not isinstance(row, dict):
         raise TaskFormatError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    data = dict(row)
+    return dict(row), fail
+
+
+def plain_db_id(value: Any, fail: Callable[[str, str], TaskFormatError]) -> str:
+    """``value`` as a database name that stays inside its folder, or the error ``fail`` makes."""
+    if not isinstance(value, str) or not value:
+        raise fail("db_id", "missing or not a non-empty string")
+    if "/" in value or "\\" in value or value in (".", ".."):
+        raise fail("db_id", f"not a plain database name: {value!r}")
+    return value
+
+
+def parse_task(
+    row: Any, *, source: str = "<row>", line: int = 0, db_dir: str | Path | None = None
+) -> Task:
+    """Build a :class:`Task` from one decoded JSONL row, naming ``source:line`` and the field on error."""
+    data, fail = open_row(row, source=source, line=line)
     for old, new in _ALIASES.items():
         if old in data and new not in data:
             data[new] = data.pop(old)
@@ -125,15 +165,13 @@ def parse_task(
             data.pop(old, None)
 
     kwargs: dict[str, Any] = {}
-    for field in ("instance_id", "db_id"):
-        value = data.pop(field, None)
-        if isinstance(value, int) and field == "instance_id":
-            value = str(value)
-        if not isinstance(value, str) or not value:
-            raise fail(field, "missing or not a non-empty string")
-        kwargs[field] = value
-    if "/" in kwargs["db_id"] or kwargs["db_id"] in (".", ".."):
-        raise fail("db_id", f"not a plain database name: {kwargs['db_id']!r}")
+    instance_id = data.pop("instance_id", None)
+    if isinstance(instance_id, int):
+        instance_id = str(instance_id)
+    if not isinstance(instance_id, str) or not instance_id:
+        raise fail("instance_id", "missing or not a non-empty string")
+    kwargs["instance_id"] = instance_id
+    kwargs["db_id"] = plain_db_id(data.pop("db_id", None), fail)
 
     query = data.pop("query", "")
     if not isinstance(query, str):
@@ -176,22 +214,19 @@ def iter_tasks(
 ) -> Iterator[Task | TaskFormatError]:
     """Yield each row of a JSONL file as a :class:`Task`, or as the :class:`TaskFormatError` it raised.
 
-    Lets a caller judge the good rows of a file and report the broken ones.
+    Lets a caller judge the good rows of a file and report the broken ones. A file holding one
+    JSON array of rows is read too.
     """
     path = Path(path)
-    with path.open(encoding="utf-8") as fh:
-        for lineno, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as exc:
-                yield TaskFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})")
-                continue
-            try:
-                yield parse_task(row, source=str(path), line=lineno, db_dir=db_dir)
-            except TaskFormatError as exc:
-                yield exc
+    for item in read_rows(path):
+        if isinstance(item, TaskFormatError):
+            yield item
+            continue
+        lineno, row = item
+        try:
+            yield parse_task(row, source=str(path), line=lineno, db_dir=db_dir)
+        except TaskFormatError as exc:
+            yield exc
 
 
 def load_tasks(source: str | Path, *, db_dir: str | Path | None = None) -> list[Task]:

@@ -41,6 +41,7 @@ def test_official_row_with_split_strings_aliases_and_defaults(tmp_path: Path) ->
         ({"db_id": "shop", "issue_sql": []}, "instance_id"),
         ({"instance_id": "a", "issue_sql": []}, "db_id"),
         ({"instance_id": "a", "db_id": "../etc", "issue_sql": []}, "db_id"),
+        ({"instance_id": "a", "db_id": "..\\etc", "issue_sql": []}, "db_id"),
         ({"instance_id": "a", "db_id": "shop", "issue_sql": 5}, "issue_sql"),
         ({"instance_id": "a", "db_id": "shop", "sol_sql": ["ok", 3]}, "sol_sql"),
         ({"instance_id": "a", "db_id": "shop", "conditions": [1]}, "conditions"),
@@ -79,3 +80,10 @@ def test_missing_database_is_a_clear_error(tmp_path: Path) -> None:
 def test_unknown_source() -> None:
     with pytest.raises(UnknownSuiteError, match="critic-mini"):
         load_tasks("no-such-suite")
+
+
+def test_a_json_array_file_reads_like_jsonl(tmp_path: Path) -> None:
+    rows = [{"instance_id": "a", "db_id": "x"}, {"instance_id": "b", "db_id": "x"}]
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    assert [t.instance_id for t in iter_tasks(path)] == ["a", "b"]
