@@ -214,20 +214,26 @@ def _evaluate_on(
 
 
 def run_curriculum(cfg: Any) -> dict[str, Any]:
-    """Run (or resume) stages 1→4 with evaluation before and after; return the summaries."""
+    """Run (or resume) stages 1→4, evaluating before and after the stages of ``eval.after``.
+
+    Returns the summaries: ``before``, ``after_<stage>`` for each stage of ``eval.after``,
+    ``after`` (the final model's, when stage 4 is evaluated) and ``run_dir``.
+    """
     from birdtrain.models import resolve_model
 
     run_dir = _prepare_run(cfg)
     _resolve_mixture(cfg, run_dir)
     base = resolve_model(cfg.model.name_or_path)
     results: dict[str, Any] = {"run_dir": str(run_dir), "mixture": cfg.data.mixture}
-    results["before"] = _evaluate(cfg, base, run_dir, "before")
+    results["before"] = _evaluate(cfg, base, run_dir, "before") if cfg.eval.before else None
     model_path = _last_checkpoint(cfg, run_dir, "stage1")
     for stage in STAGES:
         model_path = _run_stage(cfg, stage, model_path, run_dir)
-        if stage == "stage2":
-            results["after_stage2"] = _evaluate(cfg, model_path, run_dir, "after_stage2")
-    results["after"] = _evaluate(cfg, model_path, run_dir, "after_stage4")
+        if stage in cfg.eval.after:
+            label = f"after_{stage}"
+            results[label] = _evaluate(cfg, model_path, run_dir, label)
+    # "after": the evaluation of the final model, when eval.after asks for one.
+    results["after"] = results.get(f"after_{STAGES[-1]}")
     try:
         from birdtrain.report import write_report
 
@@ -250,8 +256,9 @@ def _config_from(args: argparse.Namespace) -> Any:
 
 
 def _cmd_curriculum(args: argparse.Namespace) -> int:
-    results = run_curriculum(_config_from(args))
-    for key in ("before", "after_stage2", "after"):
+    cfg = _config_from(args)
+    results = run_curriculum(cfg)
+    for key in ("before", *(f"after_{stage}" for stage in STAGES if stage in cfg.eval.after)):
         summary = results.get(key)
         if summary:
             line = f"{key:<14} SR {summary['success_rate']:.2f} % ({summary['n']} tasks)"

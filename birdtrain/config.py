@@ -25,6 +25,9 @@ __all__ = [
 ]
 
 
+_STAGES = ("stage1", "stage2", "stage3", "stage4")
+
+
 def _field(default: Any, help: str) -> Any:
     if isinstance(default, (list, dict)):
         return dataclasses.field(
@@ -190,13 +193,35 @@ class AgenticConfig:
 
 @dataclasses.dataclass
 class EvalConfig:
-    """Evaluation before and after the curriculum."""
+    """Evaluation before the curriculum and after the stages it names.
+
+    Each evaluation is written to ``eval/<label>/`` of the run directory (``before``,
+    ``after_stage2``, ``after_stage4``, ...), where ``birdtrain report`` finds it.
+    """
 
     enabled: bool = _field(True, "evaluate the policy before and after training")
+    before: bool = _field(True, "evaluate the starting model (label 'before')")
+    after: list[str] = dataclasses.field(
+        default_factory=lambda: ["stage2", "stage4"],
+        metadata={
+            "help": "evaluate after each of these stages (label 'after_<stage>'): stage1 ... stage4"
+        },
+    )
     max_tasks: int | None = _field(None, "evaluate on the first N tasks of the eval suite")
     max_turns: int = _field(5, "assistant turns per episode")
     max_new_tokens: int = _field(512, "tokens per assistant turn")
     temperature: float = _field(0.0, "0: greedy")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.after, str):
+            self.after = [self.after]  # `eval.after=stage4` on the command line
+        if not isinstance(self.after, list):
+            raise ValueError(f"eval.after must be a list of stage names, got {self.after!r}")
+        unknown = [s for s in self.after if s not in _STAGES]
+        if unknown:
+            raise ValueError(
+                f"eval.after: unknown stage {unknown[0]!r}; choose from {', '.join(_STAGES)}"
+            )
 
 
 @dataclasses.dataclass
