@@ -29,6 +29,7 @@ from birdtrain.data.mixture import (
     parse_mixture,
     resolve_mixture,
 )
+from birdtrain.trajectories import TrajectoryStore
 
 MIX = {"gym-mini": 0.7, "bird-mini-train": 0.3}
 
@@ -236,3 +237,88 @@ def test_bird_reference_plans_and_synth_of_a_mixture(tmp_path: Path) -> None:
     roles = [m["role"] for m in bird2["messages"]]
     assert roles[0] == "user" and roles.count("assistant") == 4
     assert bird2["messages"][-1]["content"].startswith("verdict: success")
+
+
+# -- the curriculum on a mixture -----------------------------------------------------------------
+_TWO_TASK_MIX = "data.mixture={gym-mini: 0.5, bird-mini-train: 0.5}"
+# One step per stage and one-turn evaluations on two tasks of each kind: every stage and both
+# metrics run, in a fraction of the smoke preset's time.
+_FAST = [
+    _TWO_TASK_MIX,
+    "stage1.max_steps=1",
+    "stage2.max_steps=1",
+    "stage3.max_steps=1",
+    "stage4.max_steps=1",
+    "stage3.max_completion_length=16",
+    "stage4.max_turns=2",
+    "stage4.max_new_tokens=16",
+    "stage4.vector=sync",
+    "eval.max_tasks=2",
+    "eval.max_turns=1",
+    "eval.max_new_tokens=8",
+]
+
+
+def _check_mixed_run(run: Path, eval_tasks: int) -> None:
+    from birdtrain.cli import main
+
+    bird_ids = {t.instance_id for t in load_source("bird-mini-train")}
+    for stage in ("stage1", "stage2", "stage3", "stage4"):
+        assert (run / stage / "DONE").is_file(), stage
+    data = json.loads((run / "data" / "DONE").read_text())
+    assert data["critic_tasks"] == data["bird_tasks"] == 2
+    for name in ("stage1", "stage2"):
+        rows = [json.loads(x) for x in (run / "data" / f"{name}.jsonl").read_text().splitlines()]
+        assert sum(r["task_id"] in bird_ids for r in rows) == 2 and len(rows) == 4, name
+    # Stage 4 rolled out both kinds in its one vector env.
+    store = TrajectoryStore(run / "stage4")
+    categories = {row[0] for row in store.query("SELECT DISTINCT category FROM trajectories")}
+    assert categories & {"simple", "moderate", "challenging"}
+    assert categories & {"Query", "Management", "Personalization"}
+    # Both metrics before and after, side by side in the summary and the report.
+    summary = json.loads((run / "summary.json").read_text())
+    for key in ("before", "after_stage2", "after"):
+        assert summary[key]["metric"] == "SR" and summary[key]["n"] == eval_tasks
+        assert summary[key]["generation"]["metric"] == "EX"
+        assert summary[key]["generation"]["n"] == eval_tasks
+    assert main(["report", str(run)]) == 0
+    html = (run / "report" / "report.html").read_text()
+    table = html.split("execution accuracy (generation)</h2>", 1)[1].split("</table>", 1)[0]
+    for label in ("before", "after_stage2", "after_stage4"):
+        row = table.split(f"<td><code>{label}</code></td>", 1)[1].split("</tr>", 1)[0]
+        assert f"{eval_tasks} (critic-mini)" in row and f"{eval_tasks} (bird-mini-eval)" in row
+
+
+def test_mixed_curriculum_runs_all_four_stages_fast(tmp_path: Path) -> None:
+    from birdtrain.cli import main
+
+    assert main(["curriculum", "--preset", "smoke", "--output-dir", str(tmp_path), *_FAST]) == 0
+    _check_mixed_run(tmp_path / "smoke", eval_tasks=2)
+
+
+@pytest.mark.slow
+def test_mixed_smoke_curriculum(tmp_path: Path) -> None:
+    from birdtrain.cli import main
+
+    args = ["curriculum", "--preset", "smoke", "--output-dir", str(tmp_path), _TWO_TASK_MIX]
+    assert main(args) == 0
+    _check_mixed_run(tmp_path / "smoke", eval_tasks=4)
+
+
+@pytest.mark.slow
+def test_auto_mixture_chooses_by_proxy_runs(tmp_path: Path) -> None:
+    from birdtrain.cli import main
+
+    overrides = ["data.mixture_proxy_steps=1", "data.mixture_holdout=1", "data.mixture_grid=3"]
+    assert main(["mixture", "--preset", "smoke", "--output-dir", str(tmp_path), *overrides]) == 0
+    record = json.loads((tmp_path / "smoke" / "mixture.json").read_text())
+    assert record["method"] == "proxy-sft-heldout-loss"
+    assert [c["weights"] for c in record["candidates"]] == candidate_weights(
+        ["gym-mini", "bird-mini-train"], 3
+    )
+    best = max(c["score"] for c in record["candidates"])
+    assert record["chosen"] in [c["weights"] for c in record["candidates"] if c["score"] == best]
+    assert all(
+        set(c["heldout_loss"]) == {"gym-mini", "bird-mini-train"} for c in record["candidates"]
+    )
+    assert all(v > 0 for v in record["base_heldout_loss"].values())
