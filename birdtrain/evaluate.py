@@ -474,7 +474,10 @@ def evaluate_policy(
         if kind == "bird":
             from birdtrain.rewards import score_submission
 
-            verdicts = [score_submission(e["task"], e["pred_sqls"]) for e in episodes]
+            # BIRD's official rule (the gold on the prediction's state), as evaluators score.
+            verdicts = [
+                score_submission(e["task"], e["pred_sqls"], isolate_gold=False) for e in episodes
+            ]
         else:
             verdicts = judge_many([(e["task"], e["pred_sqls"]) for e in episodes])
         for e, verdict in zip(episodes, verdicts, strict=True):

@@ -92,12 +92,16 @@ def completion_text(completion: str | list[dict[str, Any]]) -> str:
     )
 
 
-def score_submission(task: Task | BirdTask, sql_list: list[str]) -> Any:
+def score_submission(
+    task: Task | BirdTask, sql_list: list[str], *, isolate_gold: bool = True
+) -> Any:
     """The verdict on a submission, by task kind: the judge's, or BIRD's execution accuracy.
 
     A BIRD question's answer is the last statement of ``sql_list`` (the rule of
-    ``BirdSQL-SQLite-v0``); an empty list fails without running anything. Both verdicts have
-    ``passed``, ``status``, ``fraction`` and ``to_dict()``.
+    ``BirdSQL-SQLite-v0``); an empty list fails without running anything. ``isolate_gold=True``
+    (rewards, the default) runs the gold on an untouched state, as the environment rewards;
+    ``False`` is BIRD's official rule, for evaluation (:func:`birdenv.bird.execution_accuracy`).
+    Both verdicts have ``passed``, ``status``, ``fraction`` and ``to_dict()``.
 
     >>> from birdenv.bird import load_bird
     >>> question = load_bird("bird-mini-eval")[0]
@@ -116,7 +120,7 @@ def score_submission(task: Task | BirdTask, sql_list: list[str]) -> Any:
             )
         # The gold on an untouched state, as the environment rewards: under the official rule a
         # prediction that writes (DELETE ...) can empty what the gold reads and score 1.
-        return execution_accuracy(task, sql_list[-1], isolate_gold=True)
+        return execution_accuracy(task, sql_list[-1], isolate_gold=isolate_gold)
     from birdenv.judge import judge
 
     return judge(task, sql_list)
