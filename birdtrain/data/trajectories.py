@@ -82,6 +82,19 @@ def _table_of(inspection: str) -> str:
     return inspection.split("FROM ", 1)[1].rsplit(" LIMIT", 1)[0].strip('"').replace('""', '"')
 
 
+def _listed_names(observation: str) -> list[str]:
+    """The ``name`` column of a :data:`SCHEMA_QUERY` observation (``| type | name |`` rows).
+
+    >>> _listed_names("status: ok\\nrows: 2\\n| type | name |\\n| view | v |\\n| table | t |")
+    ['v', 't']
+    """
+    lines = observation.splitlines()
+    if not lines or lines[0] != "status: ok":
+        return []
+    rows = [ln.strip("| ").split(" | ") for ln in lines[3:] if ln.startswith("| ")]
+    return [row[1] for row in rows if len(row) == 2]
+
+
 def _created(sql: str) -> tuple[str, str] | None:
     match = _CREATE.match(sql)
     return (match.group(1).upper(), match.group(2)) if match else None
@@ -145,7 +158,8 @@ class OfflineExpert:
         kind, sql = self._last
         seen = summarize_observation(observation)
         if kind == "schema":
-            return f"The database holds {seen}."
+            names = _listed_names(observation)
+            return f"The database holds {', '.join(names)}." if names else f"Listing them: {seen}."
         if kind == "issue":
             run = self.evidence.issue_runs[0] if self.evidence.issue_runs else None
             # The evidence ran on an identical fresh session; it adds the changed-row count.
