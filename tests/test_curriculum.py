@@ -33,6 +33,27 @@ def test_config_layers_and_errors(tmp_path: Path) -> None:
         load_config("huge")
     with pytest.raises(ValueError, match="'async' or 'sync'"):
         load_config("smoke", overrides=["stage4.vector=threads"])
+    assert load_config("smoke").eval.after == ["stage2", "stage4"]
+    assert load_config("smoke", overrides=["eval.after=stage3"]).eval.after == ["stage3"]
+    with pytest.raises(ValueError, match=r"unknown stage 'stage5'; choose from stage1"):
+        load_config("smoke", overrides=["eval.after=[stage2, stage5]"])
+
+
+def test_evaluations_follow_eval_before_and_after(tmp_path: Path, capsys) -> None:
+    """Only the named evaluations run, each into eval/<label>/, and the report shows them."""
+    stages_off = [f"stage{i}.enabled=false" for i in range(1, 5)]
+    argv = ["curriculum", "--preset", "smoke", "--output-dir", str(tmp_path)]
+    assert main([*argv, *stages_off, "eval.before=false", "eval.after=[stage1]"]) == 0
+    run = tmp_path / "smoke"
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["after_stage1"]
+    summary = json.loads((run / "eval" / "after_stage1" / "summary.json").read_text())
+    assert summary["label"] == "after_stage1" and summary["n"] == 4
+    results = json.loads((run / "summary.json").read_text())
+    assert results["before"] is None and results["after"] is None
+    assert results["after_stage1"]["n"] == 4
+    printed = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert any(words[:2] == ["after_stage1", "SR"] for words in printed)
+    assert "<code>after_stage1</code>" in (run / "report" / "report.html").read_text()
 
 
 @pytest.fixture(scope="module")
