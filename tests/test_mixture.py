@@ -180,6 +180,18 @@ def test_mixed_env_draws_sources_by_weight_reproducibly() -> None:
         MixedTaskEnv({"a": "bird-mini-eval"}).reset(options={"task_id": "nope"})
 
 
+def test_mixed_env_passes_gymnasiums_checker() -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    env = MixedTaskEnv(
+        {"critic": "critic-mini", "bird": "bird-mini-eval"}, {"critic": 1, "bird": 1}
+    )
+    try:
+        check_env(env, skip_render_check=True)
+    finally:
+        env.close()
+
+
 def test_make_vec_keeps_its_single_kind_behaviour() -> None:
     with contextlib.closing(make_vec(2, asynchronous=False, seed=1)) as envs:
         prompts, info = envs.reset()
