@@ -407,6 +407,8 @@ def make_vec(
     else:
         if tasks is not None:
             kwargs["tasks"] = tasks
+            if isinstance(tasks, (str, Path)) and _is_bird_file(Path(tasks)):
+                env_id = BIRD_ENV_ID
         else:
             from birdenv.bird import BIRD_SUITES
 

@@ -192,7 +192,20 @@ def test_mixed_env_passes_gymnasiums_checker() -> None:
         env.close()
 
 
-def test_make_vec_keeps_its_single_kind_behaviour() -> None:
+def test_make_vec_keeps_its_single_kind_behaviour(tmp_path: Path) -> None:
+    from birdenv import suites
+
+    # A BIRD file (the official JSONL form) gets BirdSQL copies, like a BIRD suite does.
+    path = tmp_path / "questions.jsonl"
+    path.write_text(
+        "".join(json.dumps(q.to_dict()) + "\n" for q in load_source("bird-mini-eval")[:3])
+    )
+    db_dir = str(suites.ensure().db_dir)
+    with contextlib.closing(
+        make_vec(1, tasks=str(path), db_dir=db_dir, asynchronous=False)
+    ) as envs:
+        prompts, _ = envs.reset(seed=0)
+        assert "# Question:" in prompts[0]
     with contextlib.closing(make_vec(2, asynchronous=False, seed=1)) as envs:
         prompts, info = envs.reset()
         assert all("# User issue:" in p for p in prompts) and "source" not in info
