@@ -77,14 +77,17 @@ def _tasks(cfg: Any, which: str) -> list:
 
 
 def _bird_eval_suite(cfg: Any) -> str | None:
-    """``data.bird_eval_suite``; ``auto``: bird-mini-eval when the training mixture holds BIRD questions."""
+    """``data.bird_eval_suite``; ``auto``: bird-mini-eval when training sees BIRD questions."""
     from birdenv.bird import BIRD_SUITES
 
     suite = cfg.data.bird_eval_suite
     if suite != "auto":
         return suite or None
     mixture = cfg.data.mixture
-    names = list(cfg.data.mixture_sources) if mixture == "auto" else list(mixture or [])
+    if mixture == "auto":
+        names = list(cfg.data.mixture_sources)
+    else:
+        names = list(mixture) if mixture else [cfg.data.train_suite]
     if cfg.data.eval_suite in BIRD_SUITES:
         return None  # the main evaluation already scores BIRD questions
     return "bird-mini-eval" if any(_is_bird_source(n, cfg) for n in names) else None
