@@ -296,17 +296,18 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "eval": {"max_tasks": 4, "max_turns": 3, "max_new_tokens": 32},
     },
-    # Sized for a shared 2-core CPU (about an hour with half of it): a 135M model costs ~1.6
-    # TFLOP per 2k-token training example and every agent turn re-reads a ~2.5k-token prompt, so
-    # the run trains on 8 tasks and evaluates on the first 11 critic-mini tasks (all three
+    # Sized for a 2-core CPU shared with other jobs (about 45 minutes): a 135M model costs ~2.4
+    # TFLOP per 3k-token training example, and every agent turn re-reads a ~3k-token prompt. So:
+    # 4 training tasks with two-turn episodes (run the problematic SQL, submit), one epoch of
+    # stages 1-2, one step of stages 3-4, evaluation on the first 9 critic-mini tasks (all three
     # categories). `eval.max_tasks=null` evaluates on all 69.
     "smollm": {
         "name": "smollm",
         "model": {"name_or_path": "smollm", "lora": False, "dtype": "float32"},
-        "data": {"max_train_tasks": 8},
+        "data": {"max_train_tasks": 4},
         "stage1": {
             "epochs": 1,
-            "max_steps": 2,
+            "max_steps": 1,
             "learning_rate": 1e-4,
             "batch_size": 4,
             "per_device_batch_size": 1,
@@ -314,7 +315,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "stage2": {
             "epochs": 1,
-            "max_steps": 6,
+            "max_steps": 2,
             "learning_rate": 1e-4,
             "batch_size": 4,
             "per_device_batch_size": 1,
@@ -333,13 +334,13 @@ PRESETS: dict[str, dict[str, Any]] = {
             "max_steps": 1,
             "num_generations": 2,
             "tasks_per_step": 2,
-            "max_turns": 3,
-            "max_new_tokens": 160,
+            "max_turns": 2,
+            "max_new_tokens": 128,
             "learning_rate": 1e-6,
             "num_envs": 4,
             "max_context": 8192,
         },
-        "eval": {"max_tasks": 11, "max_turns": 3, "max_new_tokens": 160},
+        "eval": {"max_tasks": 9, "max_turns": 2, "max_new_tokens": 128},
     },
     "paper-7b": {
         "name": "paper-7b",
