@@ -296,26 +296,26 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "eval": {"max_tasks": 4, "max_turns": 3, "max_new_tokens": 32},
     },
-    # Sized for a 2-core CPU shared with other jobs (about 45 minutes): a 135M model costs ~2.4
-    # TFLOP per 3k-token training example, and every agent turn re-reads a ~3k-token prompt. So:
-    # 4 training tasks with two-turn episodes (run the problematic SQL, submit), one epoch of
-    # stages 1-2, one step of stages 3-4, evaluation on the first 9 critic-mini tasks (all three
-    # categories). `eval.max_tasks=null` evaluates on all 69.
+    # Sized for a 2-core CPU shared with other jobs (about an hour with half of it): a 135M model
+    # costs ~2 TFLOP per 2.6k-token training example, and every agent turn re-reads a ~2.5k-token
+    # prompt (~0.7 TFLOP). So: 2 training tasks with two-turn episodes (run the problematic SQL,
+    # submit), one optimizer step per stage, evaluation on the first 4 critic-mini tasks with two
+    # turns. `eval.max_tasks=null` evaluates on all 69; raise the steps on a bigger machine.
     "smollm": {
         "name": "smollm",
         "model": {"name_or_path": "smollm", "lora": False, "dtype": "float32"},
-        "data": {"max_train_tasks": 4},
+        "data": {"max_train_tasks": 2},
         "stage1": {
             "epochs": 1,
             "max_steps": 1,
             "learning_rate": 1e-4,
-            "batch_size": 4,
+            "batch_size": 2,
             "per_device_batch_size": 1,
             "max_length": 4096,
         },
         "stage2": {
             "epochs": 1,
-            "max_steps": 2,
+            "max_steps": 1,
             "learning_rate": 1e-4,
             "batch_size": 4,
             "per_device_batch_size": 1,
@@ -340,7 +340,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "num_envs": 4,
             "max_context": 8192,
         },
-        "eval": {"max_tasks": 9, "max_turns": 2, "max_new_tokens": 128},
+        "eval": {"max_tasks": 4, "max_turns": 2, "max_new_tokens": 128},
     },
     "paper-7b": {
         "name": "paper-7b",
