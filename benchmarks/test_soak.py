@@ -8,11 +8,13 @@ the judge scores. Recorded: trajectories/s, p50/p99 latency of one vector step, 
 resident memory (workers plus this process) and the pool root's disk at start and end, plus the
 same figures every ``SOAK_EVERY`` trajectories (a leak grows with the count; warm-up does not).
 
-The default mix drops two costs that measure task content rather than the environment (profiled on
-256 trajectories in one process: the issue SQL as the opening read took 43 % of the time, and one
-task, ``movie_platform_022``, whose issue SQL deletes most of a 100k-row table, took 38 %; in a
-lock-step vector env every other worker waits for it). The read is a cheap ``SELECT`` of the
-task's first table instead, and that task is left out. ``SOAK_HEAVY=1`` restores both.
+The default mix drops two costs that measure task content rather than the environment
+(:func:`test_soak_profile`, 256 trajectories in one process: the issue SQL as the opening read took
+about 40 % of the time, and one task, ``movie_platform_022``, whose issue SQL deletes most of a
+100k-row table, 38-60 %; in a lock-step vector env every other worker waits for it). The read is
+a cheap ``SELECT`` of the task's first table instead, and that task is left out; the mix still
+reads, writes, does DDL and hostile statements, and every trajectory is judged. ``SOAK_HEAVY=1``
+restores both.
 
 Parameters (environment): ``SOAK_TRAJECTORIES`` (default 20000), ``SOAK_WORKERS`` (default 32),
 ``SOAK_SEED``, ``SOAK_EVERY`` (default 1000), ``SOAK_HEAVY``, ``SOAK_REPORT`` (a JSON file).
@@ -30,10 +32,12 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+import gymnasium
 import numpy as np
 import pytest
 
-from birdenv.tasks import load_tasks
+import birdenv  # noqa: F401 - registers the environments
+from birdenv.tasks import Task, load_tasks
 from birdenv.tools import format_tool_call
 from birdenv.vector import make_vec
 
@@ -87,6 +91,100 @@ def _disk(root: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in (root / "sessions").rglob("*") if p.is_file())
 
 
+PHASES = ("read", "ddl", "write", "hostile", "isolation check", "submit")
+
+
+def _turn(
+    task: Task | None,
+    phase: int,
+    marker: str,
+    heavy: bool,
+    first_table: dict[str, str],
+    hostile: list[str],
+    rng: random.Random,
+) -> str:
+    """The scripted policy's turn ``phase`` (see :data:`PHASES`) of a trajectory on ``task``."""
+    if phase == 0:
+        if heavy or task is None:
+            return format_tool_call("execute_sql", sql=task.issue_sql[0] if task else "SELECT 1")
+        return format_tool_call(
+            "execute_sql", sql=f'SELECT * FROM "{first_table[task.db_id]}" LIMIT 5'
+        )
+    if phase == 1:
+        return format_tool_call("execute_sql", sql=f"CREATE TABLE soak_t AS SELECT '{marker}' AS m")
+    if phase == 2:
+        return format_tool_call("execute_sql", sql=f"INSERT INTO soak_t VALUES ('{marker}')")
+    if phase == 3:
+        return format_tool_call("execute_sql", sql=rng.choice(hostile))
+    if phase == 4:
+        return format_tool_call(
+            "execute_sql", sql=f"SELECT count(*), sum(m <> '{marker}') FROM main.soak_t"
+        )
+    return format_tool_call("submit_solution", sql_list=list(task.issue_sql) if task else [])
+
+
+def _soak_tasks(heavy: bool) -> list[Task]:
+    return [
+        t
+        for t in load_tasks("critic-mini")
+        if t.db_id in SMALL_DBS and (heavy or t.instance_id not in HEAVY_TASKS)
+    ]
+
+
+@pytest.mark.slow
+def test_soak_profile(tmp_path: Path) -> None:
+    """Where a trajectory's time goes: the soak's policy in one env in this process, timed per
+    turn kind and per task (``SOAK_PROFILE_TRAJECTORIES``, default 256; ``SOAK_HEAVY``)::
+
+        SOAK_HEAVY=1 pytest benchmarks/test_soak.py::test_soak_profile -m slow -s
+    """
+    total = int(os.environ.get("SOAK_PROFILE_TRAJECTORIES", "256"))
+    heavy = os.environ.get("SOAK_HEAVY", "") not in ("", "0")
+    tasks = _soak_tasks(heavy)
+    by_id = {t.instance_id: t for t in tasks}
+    first_table = {t.db_id: _first_table(t.db_path) for t in tasks}
+    hostile, rng = _hostile(), random.Random(0)
+    env = gymnasium.make(
+        "BirdCritic-SQLite-v0",
+        tasks=tasks,
+        pool_options={"root": str(tmp_path / "replicas")},
+        statement_timeout=2.0,
+        max_episode_steps=8,
+    )
+    by_phase: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+    by_task: dict[str, list[float]] = {}
+    submitted = 0
+    started = time.perf_counter()
+    for episode in range(total):
+        t0 = time.perf_counter()
+        _obs, info = env.reset(seed=episode)
+        by_phase["reset"] = by_phase.get("reset", 0.0) + time.perf_counter() - t0
+        task = by_id[info["task_id"]]
+        spent = 0.0
+        for phase, name in enumerate(PHASES):
+            t0 = time.perf_counter()
+            turn = _turn(task, phase, f"p{episode}", heavy, first_table, hostile, rng)
+            _obs, _reward, terminated, truncated, _info = env.step(turn)
+            dt = time.perf_counter() - t0
+            by_phase[name] += dt
+            spent += dt
+            if terminated or truncated:
+                submitted += name == "submit"
+                break
+        by_task.setdefault(task.instance_id, []).append(spent)
+    elapsed = time.perf_counter() - started
+    env.close()
+    print(f"\nSOAK-PROFILE {total} trajectories, one process: {total / elapsed:.2f}/s")
+    for name, seconds in by_phase.items():
+        print(f"  {name:16s} {seconds:7.1f} s {100 * seconds / elapsed:5.1f} %")
+    costly = sorted(by_task.items(), key=lambda kv: -sum(kv[1]))[:8]
+    for task_id, spent_list in costly:
+        share = 100 * sum(spent_list) / elapsed
+        mean_ms = 1000 * sum(spent_list) / len(spent_list)
+        print(f"  {task_id:24s} n={len(spent_list):3d} mean {mean_ms:7.1f} ms, {share:4.1f} %")
+    assert submitted == total
+
+
 @pytest.mark.slow
 def test_soak(tmp_path: Path) -> None:
     total = int(os.environ.get("SOAK_TRAJECTORIES", "20000"))
@@ -94,11 +192,7 @@ def test_soak(tmp_path: Path) -> None:
     rng = random.Random(int(os.environ.get("SOAK_SEED", "0")))
     every = int(os.environ.get("SOAK_EVERY", "1000"))
     heavy = os.environ.get("SOAK_HEAVY", "") not in ("", "0")
-    tasks = [
-        t
-        for t in load_tasks("critic-mini")
-        if t.db_id in SMALL_DBS and (heavy or t.instance_id not in HEAVY_TASKS)
-    ]
+    tasks = _soak_tasks(heavy)
     first_table = {t.db_id: _first_table(t.db_path) for t in tasks}
     by_id = {t.instance_id: t for t in tasks}
     hostile = _hostile()
@@ -126,32 +220,10 @@ def test_soak(tmp_path: Path) -> None:
 
     def action(i: int) -> str:
         nonlocal counter
-        task = by_id.get(current[i])
-        p = phase[i]
-        if p == 0:
+        if phase[i] == 0:
             counter += 1
             marker[i] = f"w{i}-t{counter}"
-            if heavy or task is None:
-                return format_tool_call(
-                    "execute_sql", sql=task.issue_sql[0] if task else "SELECT 1"
-                )
-            return format_tool_call(
-                "execute_sql", sql=f'SELECT * FROM "{first_table[task.db_id]}" LIMIT 5'
-            )
-        if p == 1:
-            return format_tool_call(
-                "execute_sql", sql=f"CREATE TABLE soak_t AS SELECT '{marker[i]}' AS m"
-            )
-        if p == 2:
-            return format_tool_call("execute_sql", sql=f"INSERT INTO soak_t VALUES ('{marker[i]}')")
-        if p == 3:
-            return format_tool_call("execute_sql", sql=rng.choice(hostile))
-        if p == 4:
-            return format_tool_call(
-                "execute_sql",
-                sql=f"SELECT count(*), sum(m <> '{marker[i]}') FROM main.soak_t",
-            )
-        return format_tool_call("submit_solution", sql_list=list(task.issue_sql) if task else [])
+        return _turn(by_id.get(current[i]), phase[i], marker[i], heavy, first_table, hostile, rng)
 
     checkpoints: list[dict] = []
     next_report = every
