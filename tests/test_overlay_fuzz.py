@@ -15,7 +15,7 @@ transactions, every pragma) and the replica pool's ``overlay`` and ``copy`` stra
 through :meth:`Session.execute`, the evaluator's way; the reference runs them with
 :func:`run_statement` under the same guard).
 
-Default run: a few examples (``FUZZ_EXAMPLES``, default 6). The campaign is the slow test: it runs
+Default run: a few examples (``FUZZ_EXAMPLES``, default 30; about 5 s). The campaign is the slow test: it runs
 for ``FUZZ_MINUTES`` (default 30), records every failure, and prints the counts::
 
     FUZZ_MINUTES=30 nice -n 10 pytest tests/test_overlay_fuzz.py -m slow -s
@@ -507,7 +507,7 @@ def run_campaign(examples: int, steps: int = 30, seed: int | None = None) -> Non
 
 def test_overlay_matches_private_copy_under_random_sequences() -> None:
     before = Campaign.examples
-    run_campaign(int(os.environ.get("FUZZ_EXAMPLES", "6")), steps=25)
+    run_campaign(int(os.environ.get("FUZZ_EXAMPLES", "30")), steps=25)
     assert Campaign.examples - before >= 1
 
 
