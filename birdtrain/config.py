@@ -260,21 +260,28 @@ PRESETS: dict[str, dict[str, Any]] = {
         "name": "smoke",
         "model": {"name_or_path": "tiny", "lora": False, "dtype": "float32"},
         "data": {"max_train_tasks": 4},
+        # Adam moves every weight by about the learning rate each step, whatever the gradient:
+        # at 1e-3 four stage-1 steps shift the tiny model (weights ~0.02) so far that stage 2 no
+        # longer teaches it the call format; at 1e-4 it does.
         "stage1": {
             "epochs": 1,
             "max_steps": 4,
-            "learning_rate": 1e-3,
+            "learning_rate": 1e-4,
             "batch_size": 2,
             "per_device_batch_size": 2,
             "max_length": 4096,
         },
+        # Whole trajectories: every trained turn shares one pass over the ~2k-token prompt, four
+        # times cheaper per turn than one example per turn, which is what fits the 5 minutes.
         "stage2": {
             "epochs": 1,
-            "max_steps": 4,
-            "learning_rate": 1e-3,
+            "max_steps": 40,
+            "learning_rate": 3e-3,
             "batch_size": 2,
             "per_device_batch_size": 2,
             "max_length": 8192,
+            "warmup_ratio": 0.0,
+            "turns": "whole",
         },
         "stage3": {
             "max_steps": 2,
@@ -284,23 +291,27 @@ PRESETS: dict[str, dict[str, Any]] = {
             "max_completion_length": 32,
             "max_prompt_length": 4096,
         },
+        # Four turns: the expert's episodes open with the same schema query on every task, the
+        # turn the tiny model learns first.
         "stage4": {
             "max_steps": 2,
             "num_generations": 2,
             "tasks_per_step": 2,
-            "max_turns": 3,
-            "max_new_tokens": 32,
+            "max_turns": 4,
+            "max_new_tokens": 96,
             "learning_rate": 1e-4,
+            "temperature": 0.7,
             "num_envs": 2,
             "max_context": 8192,
         },
-        "eval": {"max_tasks": 4, "max_turns": 3, "max_new_tokens": 32},
+        "eval": {"max_tasks": 4, "max_turns": 4, "max_new_tokens": 96},
     },
-    # Sized for a 2-core CPU shared with other jobs (about an hour with half of it): a 135M model
-    # costs ~2 TFLOP per 2.6k-token training example, and every agent turn re-reads a ~2.5k-token
-    # prompt (~0.7 TFLOP). So: 2 training tasks with two-turn episodes (run the problematic SQL,
-    # submit), one optimizer step per stage, evaluation on the first 4 critic-mini tasks with two
-    # turns. `eval.max_tasks=null` evaluates on all 69; raise the steps on a bigger machine.
+    # Sized for a 2-core CPU shared with other jobs, where fp32 SmolLM2 is slow: reading a
+    # 2.5k-token prompt is ~1 TFLOP (30 layers, attention included), so every agent turn and every
+    # training example costs CPU-minutes (benchmarks/README.md, section 11). Hence: 2 training
+    # tasks with two-turn episodes (run the problematic SQL, submit), one optimizer step of 2
+    # examples per SFT stage, one step of stages 3-4, evaluation on the first 4 critic-mini tasks
+    # with two turns. `eval.max_tasks=null` evaluates on all 69; raise the steps on a bigger machine.
     "smollm": {
         "name": "smollm",
         "model": {"name_or_path": "smollm", "lora": False, "dtype": "float32"},
@@ -317,7 +328,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "epochs": 1,
             "max_steps": 1,
             "learning_rate": 1e-4,
-            "batch_size": 4,
+            "batch_size": 2,
             "per_device_batch_size": 1,
             "max_length": 4096,
             "warmup_ratio": 0.0,
