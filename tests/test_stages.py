@@ -220,8 +220,19 @@ def test_stage2_per_turn_examples_label_one_turn_in_its_stage4_context(
         k = trajectories[i]["messages"].index(message)
         assert example["prompt"] == trajectories[i]["messages"][:k]
 
+    # turns="first": only the opening turn of each trajectory, in the same form
+    openings = sft.build_dataset(trajectories, 2, turns="first")
+    assert [row["completion"][0]["content"] for row in openings] == [
+        next(m["content"] for m in t["messages"] if m["role"] == "assistant") for t in trajectories
+    ]
+    assert all(len(row["prompt"]) == 1 for row in openings)
+
     trainer = sft.build_trainer(
-        _cfg(), model_path=tiny, out_dir=tmp_path, examples=trajectories, stage=2
+        _cfg(**{"stage2.turns": "each"}),
+        model_path=tiny,
+        out_dir=tmp_path,
+        examples=trajectories,
+        stage=2,
     )
     tokenizer = trainer.processing_class
     assert len(trainer.train_dataset) == len(turns)
@@ -237,7 +248,7 @@ def test_stage2_per_turn_examples_label_one_turn_in_its_stage4_context(
 
 
 def test_stage2_turns_setting_is_checked() -> None:
-    with pytest.raises(ValueError, match="'each' or 'whole'"):
+    with pytest.raises(ValueError, match="'each', 'first' or 'whole'"):
         load_config("smoke", overrides=["stage2.turns=some"])
 
 

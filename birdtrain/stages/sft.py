@@ -10,7 +10,9 @@
   example (:func:`birdtrain.data.trajectories.turn_examples`): the conversation before it is the
   prompt, the turn the completion and the only labelled tokens. This is what teaches a policy the
   call format quickly (each opening turn is an example of its own, not one span in a long chat)
-  and what keeps a short ``max_length`` from cutting every turn after the limit. With
+  and what keeps a short ``max_length`` from cutting every turn after the limit.
+  ``turns="first"`` keeps only the opening turns: what a very small model learns first (the
+  smoke preset's tiny model learns the call format from them in a few dozen CPU steps). With
   ``turns="whole"`` a trajectory is one example with the loss on all its assistant turns:
   ``assistant_only_loss=True`` needs ``{% generation %}`` markers, and TRL swaps in its own
   training template for the Qwen3 template our policies carry, so the user prompt and every tool
@@ -48,15 +50,16 @@ def build_dataset(
     """A ``datasets.Dataset`` with only the columns SFT trains on for ``stage`` (1 or 2).
 
     Stage 2 takes trajectories (``messages``, ``tools``); ``turns="each"`` splits them into one
-    prompt-completion example per assistant turn, ``"whole"`` keeps one example per trajectory.
+    prompt-completion example per assistant turn, ``"first"`` keeps only each opening turn (the
+    user prompt and the first call), ``"whole"`` keeps one example per trajectory.
     Stage 2's ``tools`` become JSON text: Arrow would merge the two tool schemas' different
     ``properties`` into one struct and fill the missing keys with nulls, changing the rendered
     prompt; TRL ``json.loads`` a string ``tools`` back, unchanged.
     """
     from datasets import Dataset
 
-    if turns not in ("each", "whole"):
-        raise ValueError(f"turns must be 'each' or 'whole', got {turns!r}")
+    if turns not in ("each", "first", "whole"):
+        raise ValueError(f"turns must be 'each', 'first' or 'whole', got {turns!r}")
     rows = list(examples) if not isinstance(examples, Dataset) else examples.to_list()
     if not rows:
         raise ValueError(f"stage {stage}: no training examples")
@@ -77,7 +80,7 @@ def build_dataset(
                 f"stage 2 examples need 'messages' (and 'tools'); example {missing[0]} has keys "
                 f"{sorted(rows[missing[0]])}"
             )
-        if turns == "each":
+        if turns in ("each", "first"):
             from birdtrain.data.trajectories import turn_examples
 
             return Dataset.from_list(
@@ -88,6 +91,7 @@ def build_dataset(
                         "tools": _tools_text(e.get("tools")),
                     }
                     for e in turn_examples(rows)
+                    if turns == "each" or e["turn"] == 0
                 ]
             )
         return Dataset.from_list(
@@ -111,7 +115,7 @@ def build_trainer(cfg: Any, *, model_path: str, out_dir: Path, examples: Any, st
     from birdtrain.models import load_policy, lora_config
 
     stage_cfg = cfg.stage1 if stage == 1 else cfg.stage2
-    per_turn = stage == 2 and stage_cfg.turns == "each"
+    per_turn = stage == 2 and stage_cfg.turns in ("each", "first")
     dataset = build_dataset(examples, stage, turns=stage_cfg.turns if stage == 2 else "whole")
     model, tokenizer = load_policy(model_path, dtype=cfg.model.dtype)
     args = SFTConfig(
