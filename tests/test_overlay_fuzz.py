@@ -25,9 +25,13 @@ Findings are kept below as explicit regression tests with their minimal sequence
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -183,6 +187,33 @@ def statements(draw: st.DrawFn, driver: str) -> list[str]:
         body = [draw(st.sampled_from(options[:12])) for _ in range(draw(st.integers(1, 4)))]
         return ["BEGIN", *body, draw(st.sampled_from(["ROLLBACK", "COMMIT"]))]
     return [draw(st.sampled_from(options))]
+
+
+# A writer in another process that dies without closing: it loads only the VFS (not the package,
+# for speed), runs the script on the session and then on the reference, prints whether both
+# answered alike, and exits with the transaction (and its spilled pages) left behind.
+_EXTENSION = getattr(importlib.util.find_spec("birdenv.replicas._overlay"), "origin", None)
+CRASH_CHILD = """
+import importlib.util, json, os, sqlite3, sys
+spec = importlib.util.spec_from_file_location("_overlay", sys.argv[1])
+ext = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ext)
+ext.register("birdoverlay")
+script = json.loads(sys.stdin.read())
+answers = []
+for target in sys.argv[2:]:
+    conn = sqlite3.connect(target, uri=target.startswith("file:"), isolation_level=None, timeout=0)
+    side = []
+    for sql in script:
+        try:
+            side.append(("rows", conn.execute(sql).fetchall(), conn.in_transaction))
+        except sqlite3.Error as exc:
+            side.append(("error", type(exc).__name__, str(exc), conn.in_transaction))
+    answers.append(side)
+sys.stdout.write(repr(answers[0] == answers[1]) + repr(answers))
+sys.stdout.flush()
+os._exit(0)
+"""
 
 
 # ------------------------------------------------------------------------ views and drivers
@@ -369,7 +400,7 @@ class Campaign(RuleBasedStateMachine):
         journal=st.sampled_from(["DELETE", "TRUNCATE", "PERSIST", "WAL"]),
     )
     def crash_mid_transaction(self, data: st.DataObject, which: int, journal: str) -> None:
-        """A forked process writes to the session (and to the reference) inside a transaction
+        """Another process writes to the session (and to the reference) inside a transaction
         with a tiny page cache, so pages spill before commit, then dies without closing.
 
         The next access must recover the last committed state from the hot journal (or ignore
@@ -383,36 +414,24 @@ class Campaign(RuleBasedStateMachine):
         self.log.append(f"{which}: <crash {journal} commit={commit}> {body}")
         uri = overlay.session_uri(self.tmp / f"s-{which}.db", self.base_path)
         ref_path = self.tmp / f"ref-{which}.sqlite"
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns, never closes a connection
-            try:
-                answers = []
-                for target in (uri, ref_path):
-                    conn = sqlite3.connect(
-                        target, uri=target is uri, isolation_level=None, timeout=0
-                    )
-                    answers.append(
-                        [
-                            raw_execute(conn, sql)
-                            for sql in (
-                                "PRAGMA synchronous = OFF",
-                                f"PRAGMA journal_mode = {journal}",
-                                "PRAGMA cache_size = 2",
-                                "BEGIN",
-                                *body,
-                                "COMMIT" if commit else "SELECT 1",
-                            )
-                        ]
-                    )
-                os.write(write_fd, repr(answers[0] == answers[1]).encode() + repr(answers).encode())
-            finally:
-                os._exit(0)
-        os.close(write_fd)
-        with os.fdopen(read_fd, "rb") as pipe:
-            report = pipe.read().decode()
-        os.waitpid(pid, 0)
-        assert report.startswith("True"), report
+        script = [
+            "PRAGMA synchronous = OFF",
+            f"PRAGMA journal_mode = {journal}",
+            "PRAGMA cache_size = 2",
+            "BEGIN",
+            *body,
+            "COMMIT" if commit else "SELECT 1",
+        ]
+        # A fresh interpreter, not fork(): SQLite's per-process lock and shared-memory state must
+        # not be inherited from this process's open connections.
+        child = subprocess.run(
+            [sys.executable, "-c", CRASH_CHILD, _EXTENSION, uri, str(ref_path)],
+            input=json.dumps(script),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert child.stdout.startswith("True"), (child.stdout, child.stderr[-3000:])
 
     @invariant()
     def sessions_match_their_references(self) -> None:
