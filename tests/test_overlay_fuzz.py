@@ -267,6 +267,7 @@ class Campaign(RuleBasedStateMachine):
 
     examples = 0
     steps = 0
+    other_rules = 0  # reopens, second connections and crashed writers that ran
 
     def __init__(self) -> None:
         super().__init__()
@@ -364,6 +365,7 @@ class Campaign(RuleBasedStateMachine):
             return
         which %= len(self.sessions)
         self.log.append(f"{which}: <reopen>")
+        type(self).other_rules += 1
         self.sessions[which].close()
         self.refs[which].close()
         self._open(which)
@@ -380,6 +382,7 @@ class Campaign(RuleBasedStateMachine):
         which %= len(self.sessions)
         sql = data.draw(statements(self.driver))[0]
         self.log.append(f"{which}: <second connection> {sql}")
+        type(self).other_rules += 1
         uri = overlay.session_uri(self.tmp / f"s-{which}.db", self.base_path)
         # timeout=0: a lock the first connection holds is an immediate, comparable "locked" error
         pair = [
@@ -412,6 +415,7 @@ class Campaign(RuleBasedStateMachine):
         body = [data.draw(statements(self.driver))[0] for _ in range(data.draw(st.integers(1, 4)))]
         commit = data.draw(st.booleans())
         self.log.append(f"{which}: <crash {journal} commit={commit}> {body}")
+        type(self).other_rules += 1
         uri = overlay.session_uri(self.tmp / f"s-{which}.db", self.base_path)
         ref_path = self.tmp / f"ref-{which}.sqlite"
         script = [
@@ -537,7 +541,11 @@ def test_fuzz_campaign() -> None:
     end = time.monotonic() + 60 * minutes
     failures: list[str] = []
     batches = 0
-    start_examples, start_steps = Campaign.examples, Campaign.steps
+    start_examples, start_steps, start_other = (
+        Campaign.examples,
+        Campaign.steps,
+        Campaign.other_rules,
+    )
     while time.monotonic() < end:
         batches += 1
         try:
@@ -548,11 +556,13 @@ def test_fuzz_campaign() -> None:
             print(f"\nFUZZ FAILURE {len(failures)}:\n{text[-6000:]}", flush=True)
         print(
             f"FUZZ batch {batches}: {Campaign.examples - start_examples} examples, "
-            f"{Campaign.steps - start_steps} steps, {len(failures)} failures",
+            f"{Campaign.steps - start_steps} steps, {Campaign.other_rules - start_other} other "
+            f"rules, {len(failures)} failures",
             flush=True,
         )
     print(
         f"\nFUZZ {minutes:g} min: {Campaign.examples - start_examples} examples, "
-        f"{Campaign.steps - start_steps} steps, {len(failures)} failures"
+        f"{Campaign.steps - start_steps} steps, {Campaign.other_rules - start_other} other rules, "
+        f"{len(failures)} failures"
     )
     assert not failures, failures[0]
