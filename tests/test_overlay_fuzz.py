@@ -15,7 +15,7 @@ transactions, every pragma) and the replica pool's ``overlay`` and ``copy`` stra
 through :meth:`Session.execute`, the evaluator's way; the reference runs them with
 :func:`run_statement` under the same guard).
 
-Default run: a few examples (``FUZZ_EXAMPLES``, default 30; about 5 s). The campaign is the slow
+Default run: a few examples (``FUZZ_EXAMPLES``, default 30; about 10 s). The campaign is the slow
 test: it runs for ``FUZZ_MINUTES`` (default 30), records every failure, and prints the counts::
 
     FUZZ_MINUTES=30 nice -n 10 pytest tests/test_overlay_fuzz.py -m slow -s
