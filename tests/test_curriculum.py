@@ -83,6 +83,9 @@ def test_smoke_curriculum_runs_all_four_stages(smoke_run: Path) -> None:
         <= set(m)
         for m in steps
     )
+    # Stage 2 taught the call format: stage 4's sampled rollouts make tool calls that parse.
+    assert max(m["agentic/tool_calls_per_traj"] for m in steps) > 0, steps
+    assert min(m["agentic/invalid_call_rate"] for m in steps) < 1, steps
     summary = json.loads((smoke_run / "summary.json").read_text())
     assert {"before", "after_stage2", "after"} <= set(summary)
     assert (smoke_run / "data" / "stage1.jsonl").stat().st_size > 0
@@ -102,6 +105,16 @@ def test_trajectory_store_holds_stage4_and_evaluations(smoke_run: Path, capsys) 
     )
     rows = dict(line.split("\t") for line in capsys.readouterr().out.split("\n") if line)
     assert int(rows["eval"]) == 12 and int(rows["stage4"]) == 8
+    # the parsed calls of stage 4 were stepped in the real environment: real observations
+    query = (
+        "SELECT tool, split_part(observation, chr(10), 1) FROM trajectories "
+        "WHERE stage = 'stage4' AND tool IS NOT NULL AND tool <> ''"
+    )
+    assert main(["trajectories", str(smoke_run), "--sql", query]) == 0
+    calls = [line for line in capsys.readouterr().out.split("\n") if line]
+    assert calls and all(
+        line.split("\t")[1].startswith(("status: ", "verdict: ")) for line in calls
+    )
     first = json.loads(
         (smoke_run / "eval" / "before" / "predictions.jsonl").read_text().splitlines()[0]
     )
