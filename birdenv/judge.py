@@ -266,6 +266,8 @@ class _Phase:
 
 # Actions that only read: a statement made of these alone leaves the database as it found it.
 _READ_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE})
+# Page cache of a judge session, in KiB.
+_JUDGE_CACHE_KIB = 32768
 # Functions whose result is not a function of the database state alone.
 _VOLATILE_FUNCTIONS = frozenset(
     {"random", "randomblob", "changes", "total_changes", "last_insert_rowid", "sqlite_offset"}
@@ -316,6 +318,10 @@ class _Runner:
         """A new phase's session: watch its connection, and trust the memo again."""
         self.session = session
         session.conn.set_authorizer(self.authorizer)
+        # A judge holds at most two sessions at a time, so it can afford a page cache that keeps
+        # a task's tables in memory while the prediction and then the tests scan them (SQLite's
+        # default is 2 MB; a result never depends on it).
+        session.conn.execute(f"PRAGMA cache_size = -{_JUDGE_CACHE_KIB}")
         self.dirty = self.volatile = False
 
     def after_preprocess(self) -> None:
@@ -720,6 +726,8 @@ def judge_many(
     machine, sessions never collide, and a killed worker's session files are swept.
     """
     context = multiprocessing.get_context("forkserver")
+    # Workers fork from a server that has imported the judge once, instead of importing it each.
+    context.set_forkserver_preload(["birdenv.judge"])
     pending = collections.deque(enumerate(jobs))
     workers = [
         _Worker(context, statement_timeout, instance_timeout)
