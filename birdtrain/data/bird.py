@@ -34,7 +34,7 @@ from birdenv.tools import TOOL_SCHEMAS, format_tool_call
 from birdtrain.data.evidence import StatementRun, _parse, run_statements, summarize_run
 from birdtrain.data.evidence import tables_touched as _tables_touched
 from birdtrain.data.teacher import Teacher
-from birdtrain.data.trajectories import summarize_observation
+from birdtrain.data.trajectories import PlannedExpert, summarize_observation
 
 __all__ = [
     "BIRD_TEACHER_AGENT_PROMPT",
@@ -202,7 +202,7 @@ def _inspect(table: str) -> str:
     return 'SELECT * FROM "' + table.replace('"', '""') + '" LIMIT 5'
 
 
-class BirdExpert:
+class BirdExpert(PlannedExpert):
     """A reference-guided policy for a BIRD question: explore, run the gold query, submit it.
 
     Its plan, within ``max_turns`` assistant turns: list the tables (with four turns or more), look
@@ -239,23 +239,17 @@ class BirdExpert:
             return f"In {table}, {seen}."
         return f"The query: {seen}."
 
-    def act(self, observation: str) -> str:
-        """The next turn (reasoning, then one tool call) given the last observation."""
-        before = self._after(observation)
-        if self._step < len(self.plan):
-            kind, sql = self.plan[self._step]
-            self._step += 1
-            self._last = (kind, sql)
-            if kind == "schema":
-                text = "First I look at the tables and views this database holds."
-            elif kind == "inspect":
-                table = sql.split("FROM ", 1)[1].rsplit(" LIMIT", 1)[0].strip('"')
-                text = f"{before} The question needs {table}; let me look at a few of its rows."
-            else:
-                shape = ", ".join(self.evidence.shape)
-                need = f" The answer needs {shape}." if shape else ""
-                text = f"{before}{need} Let me run the query."
-            return text.strip() + "\n" + format_tool_call("execute_sql", sql=sql)
+    def _explore_text(self, kind: str, sql: str, before: str) -> str:
+        if kind == "schema":
+            return "First I look at the tables and views this database holds."
+        if kind == "inspect":
+            table = sql.split("FROM ", 1)[1].rsplit(" LIMIT", 1)[0].strip('"')
+            return f"{before} The question needs {table}; let me look at a few of its rows."
+        shape = ", ".join(self.evidence.shape)
+        need = f" The answer needs {shape}." if shape else ""
+        return f"{before}{need} Let me run the query."
+
+    def _submit_turn(self, before: str) -> str:
         text = f"{before} It answers the question; I submit it."
         return text.strip() + "\n" + format_tool_call("submit_solution", sql_list=[self.task.SQL])
 

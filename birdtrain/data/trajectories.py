@@ -100,7 +100,40 @@ def _created(sql: str) -> tuple[str, str] | None:
     return (match.group(1).upper(), match.group(2)) if match else None
 
 
-class OfflineExpert:
+class PlannedExpert:
+    """A scripted policy that follows a plan of ``(kind, sql)`` exploration steps, then submits.
+
+    Subclasses build ``self.plan`` and say what they think: :meth:`_after` (what the last
+    observation showed), :meth:`_explore_text` (the reasoning before a step) and
+    :meth:`_submit_turn` (the whole submitting turn).
+    """
+
+    plan: list[tuple[str, str]]
+    _step: int
+    _last: tuple[str, str] | None
+
+    def _after(self, observation: str) -> str:
+        raise NotImplementedError
+
+    def _explore_text(self, kind: str, sql: str, before: str) -> str:
+        raise NotImplementedError
+
+    def _submit_turn(self, before: str) -> str:
+        raise NotImplementedError
+
+    def act(self, observation: str) -> str:
+        """The next turn (reasoning, then one tool call) given the last observation."""
+        before = self._after(observation)
+        if self._step < len(self.plan):
+            kind, sql = self.plan[self._step]
+            self._step += 1
+            self._last = (kind, sql)
+            text = self._explore_text(kind, sql, before)
+            return text.strip() + "\n" + format_tool_call("execute_sql", sql=sql)
+        return self._submit_turn(before)
+
+
+class OfflineExpert(PlannedExpert):
     """A reference-guided policy that explores like an expert, then submits the known fix.
 
     Its plan, within ``max_turns`` assistant turns: run the problematic SQL, show a few rows of
@@ -183,32 +216,26 @@ class OfflineExpert:
                 )
         return f"The corrected statement: {seen}."
 
-    def act(self, observation: str) -> str:
-        """The next turn (reasoning, then one tool call) given the last observation."""
-        before = self._after(observation)
-        if self._step < len(self.plan):
-            kind, sql = self.plan[self._step]
-            self._step += 1
-            self._last = (kind, sql)
-            if kind == "schema":
-                text = "First I look at the tables and views this database holds."
-            elif kind == "issue":
-                text = (
-                    f"{before} Now I reproduce the problem by running the problematic SQL."
-                    if before
-                    else "First I reproduce the problem by running the problematic SQL."
-                )
-            elif kind == "inspect":
-                text = f"{before} Let me look at a few rows of {_table_of(sql)}."
-            elif kind == "drop":
-                text = (
-                    f"{before} {self._diagnosis()} My run of the problematic SQL already created "
-                    "that object in this copy, so I drop it before trying the corrected one."
-                )
-            else:
-                lead = "" if self._explained else f" {self._diagnosis()}"
-                text = f"{before}{lead} Let me run the corrected statement."
-            return text.strip() + "\n" + format_tool_call("execute_sql", sql=sql)
+    def _explore_text(self, kind: str, sql: str, before: str) -> str:
+        if kind == "schema":
+            return "First I look at the tables and views this database holds."
+        if kind == "issue":
+            return (
+                f"{before} Now I reproduce the problem by running the problematic SQL."
+                if before
+                else "First I reproduce the problem by running the problematic SQL."
+            )
+        if kind == "inspect":
+            return f"{before} Let me look at a few rows of {_table_of(sql)}."
+        if kind == "drop":
+            return (
+                f"{before} {self._diagnosis()} My run of the problematic SQL already created "
+                "that object in this copy, so I drop it before trying the corrected one."
+            )
+        lead = "" if self._explained else f" {self._diagnosis()}"
+        return f"{before}{lead} Let me run the corrected statement."
+
+    def _submit_turn(self, before: str) -> str:
         lead = "" if self._explained else f" {self._diagnosis()}"
         text = f"{before}{lead} I submit the fix."
         return (
