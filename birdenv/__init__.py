@@ -10,7 +10,10 @@ verdict. ``import birdenv`` registers the environments::
     env = gym.make("BirdCritic-SQLite-v0")
 """
 
-from gymnasium.envs.registration import register, registry
+import importlib.abc
+import importlib.machinery
+import sys
+import types
 
 from birdenv.errors import BirdEnvError
 from birdenv.tasks import Task, load_tasks
@@ -23,6 +26,8 @@ ENV_IDS = ("BirdCritic-SQLite-v0", "BirdSQL-SQLite-v0")
 
 
 def _register() -> None:
+    from gymnasium.envs.registration import register, registry
+
     # Safe to run twice: subprocess workers re-import the package.
     if "BirdCritic-SQLite-v0" not in registry:
         register(
@@ -39,4 +44,49 @@ def _register() -> None:
         )
 
 
-_register()
+class _RegisterAfterGymnasium(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Registers the environments the moment ``gymnasium`` finishes importing.
+
+    Importing gymnasium (and numpy with it) costs ~0.15 s of CPU, which ``birdenv evaluate`` and
+    every judging worker would pay for nothing: they never make an environment. So ``import
+    birdenv`` registers at once only when gymnasium is already loaded, and otherwise leaves this
+    finder on ``sys.meta_path``: it finds gymnasium with the other finders, lets its own loader
+    run, then registers. Nobody can call ``gym.make`` before that.
+    """
+
+    def __init__(self) -> None:
+        self._loader: importlib.abc.Loader | None = None
+
+    def find_spec(
+        self, fullname: str, path: object = None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "gymnasium" or self._loader is not None:
+            return None
+        for finder in sys.meta_path:  # the search the import system would make without us
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                self._loader, spec.loader = spec.loader, self
+                return spec
+        return None  # not installed: the import fails as it would without birdenv
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        assert self._loader is not None
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        assert self._loader is not None
+        # The module keeps its own loader (importlib.resources and reloads look it up there).
+        loader, self._loader = self._loader, None  # a failed import may be retried
+        module.__loader__ = module.__spec__.loader = loader
+        loader.exec_module(module)
+        sys.meta_path.remove(self)
+        _register()
+
+
+if "gymnasium" in sys.modules:
+    _register()
+else:
+    sys.meta_path.insert(0, _RegisterAfterGymnasium())

@@ -28,6 +28,7 @@ import dataclasses
 import datetime
 import io
 import json
+import math
 import multiprocessing
 import multiprocessing.connection
 import re
@@ -41,9 +42,15 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from birdenv.errors import BirdEnvError
-from birdenv.judge_cache import IssueOutcome, JudgeCache, cache_key, cacheable_task
+from birdenv.judge_cache import (
+    IssueOutcome,
+    JudgeCache,
+    cache_key,
+    cacheable_task,
+    schedule_key,
+)
 from birdenv.replicas.guard import authorizer
-from birdenv.replicas.pool import ReplicaPool, default_pool
+from birdenv.replicas.pool import ReplicaPool, default_pool, default_root
 from birdenv.replicas.session import MAX_ROWS, Limits, Session, run_statement
 from birdenv.tasks import Task, split_sql_field
 
@@ -666,28 +673,36 @@ def judge(
 _KILL_GRACE = 2.0
 
 
-def _judge_worker(conn: Any, statement_timeout: float | None, instance_timeout: float) -> None:
-    """Judge the jobs that arrive on ``conn`` until ``None`` arrives."""
-    while (job := conn.recv()) is not None:
-        task, pred_sqls, cache = job
-        conn.send(
-            judge(
-                task,
-                pred_sqls,
-                statement_timeout=statement_timeout,
-                instance_timeout=instance_timeout,
-                cache=cache,
+def _judge_worker(
+    conn: Any, root: str, statement_timeout: float | None, instance_timeout: float
+) -> None:
+    """Judge the jobs that arrive on ``conn`` on a pool at ``root`` until ``None`` arrives."""
+    with ReplicaPool(root) as pool:
+        while (job := conn.recv()) is not None:
+            task, pred_sqls, cache = job
+            conn.send(
+                judge(
+                    task,
+                    pred_sqls,
+                    pool=pool,
+                    statement_timeout=statement_timeout,
+                    instance_timeout=instance_timeout,
+                    cache=cache,
+                )
             )
-        )
 
 
 class _Worker:
     """One judging process and the job it is running."""
 
-    def __init__(self, context: Any, statement_timeout: float | None, instance_timeout: float):
+    def __init__(
+        self, context: Any, root: str, statement_timeout: float | None, instance_timeout: float
+    ):
         self.conn, child = context.Pipe()
         self.process = context.Process(
-            target=_judge_worker, args=(child, statement_timeout, instance_timeout), daemon=True
+            target=_judge_worker,
+            args=(child, root, statement_timeout, instance_timeout),
+            daemon=True,
         )
         self.process.start()
         child.close()
@@ -724,16 +739,32 @@ def judge_many(
     gives its instance a ``"crash"`` verdict. The rest of the run continues either way. Each
     worker has its own pool on the shared replica root, so bases are materialised once for the
     machine, sessions never collide, and a killed worker's session files are swept.
+
+    With ``cache=True`` instances start longest first, by the time their task took to judge last
+    time (kept beside the issue-phase cache; never-judged tasks start before all others): a run
+    ends when its slowest instance does, so that one should not start last. ``cache=False``
+    remembers nothing and starts them in input order. Verdicts come out in input order either way.
     """
     context = multiprocessing.get_context("forkserver")
     # Workers fork from a server that has imported the judge once, instead of importing it each.
     context.set_forkserver_preload(["birdenv.judge"])
     pending = collections.deque(enumerate(jobs))
+    # The caller's root, passed on: a forkserver keeps the environment it was started with.
+    root = str(default_root())
+    timings = JudgeCache.for_root(root) if cache and pending else None
+    if timings is not None:
+        keys = [schedule_key(task) for _, (task, _) in pending]
+        seconds = timings.judge_seconds(keys)
+        # Unknown tasks go first (they may be slow); the rest longest first; ties in input order.
+        pending = collections.deque(
+            sorted(pending, key=lambda job: -seconds.get(keys[job[0]], math.inf))
+        )
     workers = [
-        _Worker(context, statement_timeout, instance_timeout)
+        _Worker(context, root, statement_timeout, instance_timeout)
         for _ in range(max(1, min(processes, len(pending))))
     ]
     done: dict[int, Verdict] = {}
+    judged: dict[str, float] = {}
     next_out = 0
     try:
         while pending or any(w.job for w in workers):
@@ -777,10 +808,17 @@ def judge_many(
                     tests_total=len(task.test_cases) or 1,
                 )
                 worker.stop(kill=True)
-                workers[i] = _Worker(context, statement_timeout, instance_timeout)
+                workers[i] = _Worker(context, root, statement_timeout, instance_timeout)
             while next_out in done:
-                yield done.pop(next_out)
+                verdict = done.pop(next_out)
+                if timings is not None:  # a killed instance took at least its deadline
+                    judged[keys[next_out]] = verdict.timings.get(
+                        "total", instance_timeout + _KILL_GRACE
+                    )
+                yield verdict
                 next_out += 1
     finally:
         for worker in workers:
             worker.stop(kill=worker.job is not None)
+        if timings is not None:
+            timings.record_judge_seconds(judged)

@@ -12,8 +12,10 @@ never reuses an old entry).
 
 Entries are written only for outcomes that are reproducible: no deadline passed, no volatile SQL
 (``random()``, ``'now'`` ...) ran, and no test code touches clocks, randomness or the environment
-(:func:`cacheable_task`). A cache that cannot be read or written (corrupt, locked, read-only, disk
-full) is skipped: it is an optimisation and never changes or fails a verdict.
+(:func:`cacheable_task`). The file also keeps how long each task last took to judge, which
+:func:`~birdenv.judge.judge_many` reads to start the slowest first. A cache that cannot be read
+or written (corrupt, locked, read-only, disk full) is skipped: it is an optimisation and never
+changes or fails a verdict.
 """
 
 from __future__ import annotations
@@ -33,7 +35,14 @@ from typing import Any
 
 from birdenv.tasks import Task
 
-__all__ = ["CACHE_FILE", "IssueOutcome", "JudgeCache", "cache_key", "cacheable_task"]
+__all__ = [
+    "CACHE_FILE",
+    "IssueOutcome",
+    "JudgeCache",
+    "cache_key",
+    "cacheable_task",
+    "schedule_key",
+]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +90,23 @@ def cache_key(task: Task, base_sha256: str, statement_timeout: float | None) -> 
     ]
     blob = json.dumps(material, sort_keys=True, ensure_ascii=True, default=repr)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def schedule_key(task: Task) -> str:
+    """The key under which the time a task took to judge is remembered, to schedule it next time.
+
+    Cheap to compute (no base content hash): the timing is a hint for ordering work, never part
+    of a verdict.
+    """
+    material = [
+        task.instance_id,
+        task.db_id,
+        list(task.preprocess_sql),
+        list(task.issue_sql),
+        list(task.sol_sql),
+        list(task.test_cases),
+    ]
+    return hashlib.sha256(json.dumps(material, ensure_ascii=True).encode()).hexdigest()
 
 
 def _encode_value(value: Any) -> Any:
@@ -135,6 +161,7 @@ class JudgeCache:
             return None
         if self._conn is None:
             try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
                 # A short wait: a busy cache is skipped, never waited on for long.
                 conn = sqlite3.connect(self.path, timeout=1, check_same_thread=False)
                 conn.execute("PRAGMA journal_mode = WAL")
@@ -142,8 +169,12 @@ class JudgeCache:
                     "CREATE TABLE IF NOT EXISTS issue_outcome "
                     "(key TEXT PRIMARY KEY, issue_passed INTEGER NOT NULL, memo TEXT NOT NULL)"
                 )
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS judge_seconds "
+                    "(key TEXT PRIMARY KEY, seconds REAL NOT NULL)"
+                )
                 conn.commit()
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:
                 log.warning("judge cache %s unusable, kept in memory only: %s", self.path, exc)
                 self.persistent = False
                 return None
@@ -192,6 +223,42 @@ class JudgeCache:
                     db.execute(
                         "INSERT OR REPLACE INTO issue_outcome VALUES (?, ?, ?)",
                         (key, int(outcome.issue_passed), memo_text),
+                    )
+            except sqlite3.Error as exc:
+                log.warning("judge cache %s not written: %s", self.path, exc)
+
+    def judge_seconds(self, keys: list[str]) -> dict[str, float]:
+        """How long judging took the last time, for the :func:`schedule_key` keys known."""
+        with self._lock:
+            db = self._db()
+            if db is None or not keys:
+                return {}
+            try:
+                found: dict[str, float] = {}
+                for start in range(0, len(keys), 500):  # under SQLite's bound-parameter limit
+                    chunk = keys[start : start + 500]
+                    found.update(
+                        db.execute(
+                            "SELECT key, seconds FROM judge_seconds "
+                            f"WHERE key IN ({','.join('?' * len(chunk))})",
+                            chunk,
+                        ).fetchall()
+                    )
+                return found
+            except sqlite3.Error as exc:
+                log.warning("judge cache %s unreadable, ignored: %s", self.path, exc)
+                return {}
+
+    def record_judge_seconds(self, seconds: dict[str, float]) -> None:
+        """Remember how long judging took, by :func:`schedule_key`."""
+        with self._lock:
+            db = self._db()
+            if db is None or not seconds:
+                return
+            try:
+                with db:
+                    db.executemany(
+                        "INSERT OR REPLACE INTO judge_seconds VALUES (?, ?)", seconds.items()
                     )
             except sqlite3.Error as exc:
                 log.warning("judge cache %s not written: %s", self.path, exc)

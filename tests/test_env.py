@@ -179,6 +179,39 @@ def test_make_by_module_path_in_a_fresh_process() -> None:
         "env.close()\n"
         "print(info['task_id'])\n"
     )
+    done = _run_python(code)
+    assert done.stdout.strip() in {t.instance_id for t in birdenv.load_tasks("critic-mini")}
+
+
+@pytest.mark.parametrize(
+    "imports",
+    ["import birdenv\nimport gymnasium as gym", "import gymnasium as gym\nimport birdenv"],
+    ids=["birdenv-first", "gymnasium-first"],
+)
+def test_import_birdenv_registers_in_either_order(imports: str) -> None:
+    code = (
+        "import sys\n"
+        f"{imports}\n"
+        "ids = sorted(i for i in gym.registry if i in birdenv.ENV_IDS)\n"
+        "env = gym.make('BirdSQL-SQLite-v0')\n"
+        "env.close()\n"
+        "print(ids, gym.__spec__.loader is gym.__loader__)\n"
+    )
+    done = _run_python(code)
+    assert done.stdout.split() == ["['BirdCritic-SQLite-v0',", "'BirdSQL-SQLite-v0']", "True"]
+
+
+def test_judging_does_not_import_gymnasium() -> None:
+    # The CLI and the judge's workers never make an environment: no gymnasium, no numpy.
+    code = (
+        "import sys, birdenv.cli, birdenv.judge\n"
+        "print(sorted(m for m in ('gymnasium', 'numpy') if m in sys.modules))\n"
+    )
+    assert _run_python(code).stdout.strip() == "[]"
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with this checkout importable; it must succeed."""
     done = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,
@@ -191,7 +224,7 @@ def test_make_by_module_path_in_a_fresh_process() -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() in {t.instance_id for t in birdenv.load_tasks("critic-mini")}
+    return done
 
 
 # Results a model could provoke that are awkward for a text space: characters outside the Basic

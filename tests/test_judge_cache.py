@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from birdenv.judge import judge
-from birdenv.judge_cache import CACHE_FILE
+from birdenv.judge import judge, judge_many
+from birdenv.judge_cache import CACHE_FILE, JudgeCache, schedule_key
 from birdenv.replicas import ReplicaPool
+from birdenv.replicas.pool import default_root
 from birdenv.tasks import parse_task
 from tests.conftest import SHOP_TASKS
 
@@ -118,3 +119,42 @@ def test_a_broken_cache_file_changes_no_verdict(shop_tasks: list, tmp_path: Path
         assert not judge(task, task.issue_sql, pool=pool).passed
         # remembered in memory all the same
         assert judge(task, task.sol_sql, pool=pool).issue_cached
+
+
+def test_judge_many_starts_the_slowest_known_task_first(
+    shop_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BIRDENV_HOME", str(tmp_path / "home"))
+    log = tmp_path / "started.log"
+    # Each task's test code notes that it ran; outputs still come back in input order.
+    tasks = [
+        parse_task(
+            dict(
+                SHOP_2,
+                instance_id=name,
+                test_cases=[
+                    "def test_case(pred_sqls, sol_sqls, db_path, conn, conditions):\n"
+                    f"    with open({str(log)!r}, 'a') as fh:\n"
+                    f"        fh.write('{name}\\n')\n"
+                    "    return 1\n"
+                ],
+            ),
+            db_dir=shop_dir,
+        )
+        for name in ("quick", "slow", "new")
+    ]
+    cache = JudgeCache.for_root(default_root())
+    cache.record_judge_seconds({schedule_key(tasks[0]): 0.01, schedule_key(tasks[1]): 9.0})
+
+    def started(**options) -> list[str]:
+        log.unlink(missing_ok=True)
+        verdicts = list(judge_many([(t, t.sol_sql) for t in tasks], processes=1, **options))
+        assert [v.instance_id for v in verdicts] == ["quick", "slow", "new"]
+        return list(dict.fromkeys(log.read_text().split()))
+
+    # Never judged first, then the longest; without the cache, input order.
+    assert started(cache=False) == ["quick", "slow", "new"]
+    assert started() == ["new", "slow", "quick"]
+    # The run recorded what it measured: now "slow" is no longer known as slow.
+    seconds = cache.judge_seconds([schedule_key(t) for t in tasks])
+    assert len(seconds) == 3 and max(seconds.values()) < 9.0
