@@ -158,3 +158,15 @@ def test_judge_many_starts_the_slowest_known_task_first(
     # The run recorded what it measured: now "slow" is no longer known as slow.
     seconds = cache.judge_seconds([schedule_key(t) for t in tasks])
     assert len(seconds) == 3 and max(seconds.values()) < 9.0
+
+
+def test_judge_many_workers_judge_on_the_callers_root(
+    shop_tasks: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker server outlives a change of BIRDENV_HOME; the workers must follow the caller.
+    task = by_id(shop_tasks, "shop_2")
+    for home in ("first", "second"):
+        monkeypatch.setenv("BIRDENV_HOME", str(tmp_path / home))
+        (verdict,) = judge_many([(task, task.sol_sql)], processes=1)
+        assert verdict.passed
+        assert list((tmp_path / home / "replicas" / "bases").glob("*.sqlite"))
