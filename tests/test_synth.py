@@ -19,16 +19,24 @@ import pytest
 
 import birdenv  # noqa: F401 - registers the environment
 from birdenv.agents import SCHEMA_QUERY
+from birdenv.bird import load_bird
 from birdenv.envs.critic import render_prompt
 from birdenv.judge import judge
 from birdenv.tasks import load_tasks
-from birdenv.tools import TOOL_SCHEMAS, parse_tool_call
+from birdenv.tools import TOOL_SCHEMAS, format_tool_call, parse_tool_call
 from birdtrain.data import synth
+from birdtrain.data.bird import (
+    BIRD_TEACHER_AGENT_PROMPT,
+    BIRD_TEACHER_SYSTEM_PROMPT,
+    build_bird_reasoning_examples,
+    build_bird_tool_trajectories,
+)
 from birdtrain.data.evidence import describe_changes
 from birdtrain.data.reasoning import build_reasoning_examples
 from birdtrain.data.teacher import Teacher, TeacherError
 from birdtrain.data.trajectories import build_tool_trajectories
 from birdtrain.prompts import parse_solution, single_turn_prompt
+from birdtrain.rewards import score_submission
 
 # A Query task, an INSERT, a DELETE, a CREATE TRIGGER (which sqlglot cannot parse) and an INSERT
 # whose issue version already writes the rows the fix inserts (so the fix's try collides).
@@ -204,6 +212,8 @@ class _Server:
     def __init__(self, model, tokenizer) -> None:
         self.requests: list[dict] = []
         self.replies: list[str] = []
+        # Replies to give instead of the model's, first in first out (a teacher that plays well).
+        self.scripted: list[str] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -226,6 +236,8 @@ class _Server:
                         404, b'{"error": {"message": "no route ' + self.path.encode() + b'"}}'
                     )
                 server.requests.append(body)
+                if server.scripted:
+                    return self._reply(body, server.scripted.pop(0))
                 import torch
 
                 ids = tokenizer.apply_chat_template(
@@ -246,7 +258,9 @@ class _Server:
                 text = tokenizer.decode(
                     out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True
                 )
-                text = text.strip() or "x"
+                self._reply(body, text.strip() or "x")
+
+            def _reply(self, body: dict, text: str) -> None:
                 server.replies.append(text)
                 reply = {
                     "object": "chat.completion",
@@ -323,6 +337,57 @@ def test_teacher_plays_stage2_episodes_and_failures_are_dropped(tasks, server):
         turns = [m["content"] for m in episode["messages"] if m["role"] == "assistant"]
         assert turns == replies[2 * i : 2 * i + 2]  # the teacher's text, byte for byte
         assert all(m["content"].startswith("status: error") for m in episode["messages"][2::2])
+
+
+def test_teacher_writes_bird_thoughts(server):
+    questions = load_bird("bird-mini-train")[:2]
+    teacher = Teacher(server.url, "tiny")
+    before = len(server.requests)
+    stats: dict = {}
+    examples = build_bird_reasoning_examples(
+        questions, teacher=teacher, stats=stats, teacher_params={"max_tokens": 10}
+    )
+    sent, replies = server.requests[before:], server.replies[before:]
+    assert len(sent) == 2 and stats == {
+        "tasks": 2,
+        "kept": 2,
+        "failed_judge": 0,
+        "empty_thought": 0,
+    }
+    for body, question, example, reply in zip(sent, questions, examples, replies, strict=True):
+        assert body["messages"][0] == {"role": "system", "content": BIRD_TEACHER_SYSTEM_PROMPT}
+        user = body["messages"][-1]["content"]
+        assert question.question in user and question.SQL in user
+        answer = example["completion"][0]["content"]
+        assert reply.replace("<thought>", "").replace("</thought>", "").strip() in answer
+        assert score_submission(question, parse_solution(answer)).passed
+
+
+def test_teacher_plays_bird_episodes_and_only_correct_ones_are_kept(server):
+    questions = load_bird("bird-mini-train")[:3]
+    teacher = Teacher(server.url + "/v1", "tiny")
+    before = len(server.requests)
+    explore = "Look first.\n" + format_tool_call("execute_sql", sql="SELECT 1")
+    right = "Answer.\n" + format_tool_call("submit_solution", sql_list=[questions[0].SQL])
+    wrong = format_tool_call("submit_solution", sql_list=["SELECT 1"])
+    # Question 1: explore, then the right answer; question 2: a wrong answer; question 3: the
+    # tiny model's own text, which never calls a tool (out of turns).
+    server.scripted = [explore, right, wrong]
+    stats: dict = {}
+    kept = build_bird_tool_trajectories(
+        questions, teacher=teacher, max_turns=2, stats=stats, teacher_params={"max_tokens": 8}
+    )
+    assert stats == {"tasks": 3, "kept": 1, "failed_judge": 1, "truncated": 1}
+    sent = server.requests[before:]
+    assert len(sent) == 5 and all(body["tools"] == TOOL_SCHEMAS for body in sent)
+    system = BIRD_TEACHER_AGENT_PROMPT.format(sql=questions[0].SQL)
+    assert sent[0]["messages"][0] == {"role": "system", "content": system}
+    (episode,) = kept
+    assert episode["task_id"] == questions[0].instance_id
+    assistant = [m["content"] for m in episode["messages"] if m["role"] == "assistant"]
+    assert assistant == [explore, right]  # the teacher's text, byte for byte
+    # The second request carried the first turn and the environment's answer to it.
+    assert sent[1]["messages"][1:] == episode["messages"][:3]
 
 
 def test_teacher_errors_are_clear(tasks, server):
