@@ -20,6 +20,7 @@ statement, or the episode's verdict).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,7 +35,7 @@ from birdenv.tools import TOOL_SCHEMAS, format_tool_call
 from birdtrain.data.evidence import StatementRun, _parse, run_statements, summarize_run
 from birdtrain.data.evidence import tables_touched as _tables_touched
 from birdtrain.data.teacher import Teacher
-from birdtrain.data.trajectories import PlannedExpert, summarize_observation
+from birdtrain.data.trajectories import PlannedExpert, play_episode, summarize_observation
 
 __all__ = [
     "BIRD_TEACHER_AGENT_PROMPT",
@@ -278,10 +279,11 @@ def bird_reference_turns(policy: str, task: BirdTask) -> list[str]:
 
 
 def _teacher_turn(
-    teacher: Teacher, task: BirdTask, messages: list[dict[str, str]], params: dict[str, Any]
+    teacher: Teacher, task: BirdTask, params: dict[str, Any], observation: str, info: dict[str, Any]
 ) -> str:
+    """The teacher's next turn: it reads the episode's messages after its own system prompt."""
     system = {"role": "system", "content": BIRD_TEACHER_AGENT_PROMPT.format(sql=task.SQL)}
-    return teacher.chat([system, *messages], tools=TOOL_SCHEMAS, **params)
+    return teacher.chat([system, *info["messages"]], tools=TOOL_SCHEMAS, **params)
 
 
 def build_bird_tool_trajectories(
@@ -307,31 +309,15 @@ def build_bird_tool_trajectories(
         env = gym.make("BirdSQL-SQLite-v0", tasks=task_list, pool=pool, max_episode_steps=max_turns)
         try:
             for task in task_list:
-                expert = (
-                    None
-                    if teacher is not None
-                    else BirdExpert(task, gather_bird_evidence(task, pool), max_turns)
-                )
-                observation, info = env.reset(options={"task_id": task.instance_id})
-                terminated = truncated = False
-                while not (terminated or truncated):
-                    if expert is not None:
-                        action = expert.act(observation)
-                    else:
-                        action = _teacher_turn(
-                            teacher, task, info["messages"], teacher_params or {}
-                        )
-                    observation, _, terminated, truncated, info = env.step(action)
-                if terminated and info["verdict"]["status"] == "success":
-                    trajectories.append(
-                        {
-                            "messages": info["messages"],
-                            "tools": TOOL_SCHEMAS,
-                            "task_id": task.instance_id,
-                        }
-                    )
+                if teacher is not None:
+                    act = functools.partial(_teacher_turn, teacher, task, teacher_params or {})
                 else:
-                    counts["failed_judge" if terminated else "truncated"] += 1
+                    act = BirdExpert(task, gather_bird_evidence(task, pool), max_turns).act
+                row, ending = play_episode(env, task.instance_id, act)
+                if ending == "kept":
+                    trajectories.append(row)
+                else:
+                    counts[ending] += 1
         finally:
             env.close()
     counts["kept"] = len(trajectories)

@@ -16,8 +16,9 @@ reasoning drawn from what it has observed and from the evidence of
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import gymnasium as gym
@@ -121,8 +122,11 @@ class PlannedExpert:
     def _submit_turn(self, before: str) -> str:
         raise NotImplementedError
 
-    def act(self, observation: str) -> str:
-        """The next turn (reasoning, then one tool call) given the last observation."""
+    def act(self, observation: str, info: dict[str, Any] | None = None) -> str:
+        """The next turn (reasoning, then one tool call) given the last observation.
+
+        ``info`` (the environment's, unused) makes the expert a player for :func:`play_episode`.
+        """
         before = self._after(observation)
         if self._step < len(self.plan):
             kind, sql = self.plan[self._step]
@@ -246,11 +250,30 @@ class OfflineExpert(PlannedExpert):
 
 
 def _teacher_turn(
-    teacher: Teacher, task: Task, messages: list[dict[str, str]], params: dict[str, Any]
+    teacher: Teacher, task: Task, params: dict[str, Any], observation: str, info: dict[str, Any]
 ) -> str:
+    """The teacher's next turn: it reads the episode's messages after its own system prompt."""
     fix = "\n".join(f"```sql\n{sql}\n```" for sql in task.sol_sql)
     system = {"role": "system", "content": TEACHER_AGENT_PROMPT.format(fix=fix)}
-    return teacher.chat([system, *messages], tools=TOOL_SCHEMAS, **params)
+    return teacher.chat([system, *info["messages"]], tools=TOOL_SCHEMAS, **params)
+
+
+def play_episode(
+    env: gym.Env, task_id: str, act: Callable[[str, dict[str, Any]], str]
+) -> tuple[dict[str, Any], str]:
+    """Play one episode of ``task_id`` in ``env``, each action from ``act(observation, info)``.
+
+    Returns the stage-2 row (``messages``, ``tools``, ``task_id``) and how the episode ended:
+    ``"kept"`` (an accepted submission), ``"failed_judge"`` or ``"truncated"`` (out of turns).
+    """
+    observation, info = env.reset(options={"task_id": task_id})
+    terminated = truncated = False
+    while not (terminated or truncated):
+        observation, _, terminated, truncated, info = env.step(act(observation, info))
+    row = {"messages": info["messages"], "tools": TOOL_SCHEMAS, "task_id": task_id}
+    if terminated and info["verdict"]["status"] == "success":
+        return row, "kept"
+    return row, "failed_judge" if terminated else "truncated"
 
 
 def build_tool_trajectories(
@@ -297,30 +320,20 @@ def build_tool_trajectories(
                 counts["no_fix"] += 1
                 continue
             try:
-                expert = (
-                    None
-                    if teacher is not None
-                    else OfflineExpert(task, gather_evidence(task, pool), max_turns)
-                )
-                observation, info = env.reset(options={"task_id": task.instance_id})
-            except PreprocessError:
+                if teacher is not None:
+                    act = functools.partial(_teacher_turn, teacher, task, teacher_params or {})
+                else:
+                    act = OfflineExpert(task, gather_evidence(task, pool), max_turns).act
+                row, ending = play_episode(env, task.instance_id, act)
+            except PreprocessError:  # the task's preprocess_sql failed at reset
                 counts["preprocess_error"] += 1
                 continue
-            terminated = truncated = False
-            while not (terminated or truncated):
-                if expert is not None:
-                    action = expert.act(observation)
-                else:
-                    action = _teacher_turn(teacher, task, info["messages"], teacher_params or {})
-                observation, _, terminated, truncated, info = env.step(action)
-            row = {"messages": info["messages"], "tools": TOOL_SCHEMAS, "task_id": task.instance_id}
-            if terminated and info["verdict"]["status"] == "success":
+            if ending == "kept":
                 trajectories.append(row)
                 continue
-            reason = "failed_judge" if terminated else "truncated"
-            counts[reason] += 1
+            counts[ending] += 1
             if rejected is not None:
-                rejected.append({**row, "reason": reason})
+                rejected.append({**row, "reason": ending})
     finally:
         env.close()
     counts["kept"] = len(trajectories)
