@@ -749,9 +749,11 @@ def judge_many(
     # Workers fork from a server that has imported the judge once, instead of importing it each.
     context.set_forkserver_preload(["birdenv.judge"])
     pending = collections.deque(enumerate(jobs))
+    if not pending:
+        return  # no worker to start
     # The caller's root, passed on: a forkserver keeps the environment it was started with.
     root = str(default_root())
-    timings = JudgeCache.for_root(root) if cache and pending else None
+    timings = JudgeCache.for_root(root) if cache else None
     if timings is not None:
         keys = [schedule_key(task) for _, (task, _) in pending]
         seconds = timings.judge_seconds(keys)
