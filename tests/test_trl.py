@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from birdenv.integrations.trl import BirdCriticTRLEnv, suite_dataset
+from birdenv.bird import load_bird
+from birdenv.integrations.trl import (
+    BirdCriticTRLEnv,
+    BirdSQLTRLEnv,
+    environment_factories,
+    suite_dataset,
+)
+from birdenv.tasks import load_tasks
 from birdenv.tools import TOOL_SCHEMAS
 
 pytest.importorskip("trl", reason="TRL is in the train extra")
@@ -33,7 +40,34 @@ def test_adapter_tools_are_the_env_tools(shop_tasks: list) -> None:
     assert env.get_reward() == 0.0 and "no such table" in env.execute_sql("SELECT x FROM t")
 
 
-def test_two_grpo_steps_with_the_tiny_model(shop_tasks: list, tmp_path: Path) -> None:
+def test_text_to_sql_adapter_scores_execution_accuracy() -> None:
+    question = load_bird("bird-mini-train")[0]
+    env = BirdSQLTRLEnv(suite="bird-mini-train")
+    prompt = env.reset(task_id=question.instance_id, prompt=[{"role": "user", "content": ""}])
+    assert question.question in prompt
+    assert env.execute_sql(question.SQL).startswith("status: ok")
+    assert env.submit_solution(["SELECT 1"]).startswith("verdict: failed")
+    assert env.get_reward() == 0.0
+    env.reset(task_id=question.instance_id)
+    assert env.submit_solution([question.SQL]).startswith("verdict: success")
+    assert env.get_reward() == 1.0
+
+
+def test_mixture_dataset_rows_pick_their_environment(shop_tasks: list) -> None:
+    questions = load_bird("bird-mini-train")[:2]
+    rows = suite_dataset([*shop_tasks[:2], *questions]).to_list()
+    assert [r["environment"] for r in rows] == ["critic", "critic", "bird", "bird"]
+    assert rows[2]["category"] == questions[0].difficulty
+    assert len(suite_dataset(["critic-mini", "bird-mini-eval"])) == len(
+        load_tasks("critic-mini")
+    ) + len(load_bird("bird-mini-eval"))
+    factories = environment_factories(shop_tasks, questions)
+    for row in rows:  # each row's environment knows its task
+        env = factories[row["environment"]]()
+        assert env.reset(**row) and env.get_reward() == 0.0
+
+
+def _two_grpo_steps(tmp_path: Path, dataset, environment_factory) -> list[dict]:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from trl import GRPOConfig, GRPOTrainer
 
@@ -53,14 +87,41 @@ def test_two_grpo_steps_with_the_tiny_model(shop_tasks: list, tmp_path: Path) ->
         use_cpu=True,
         bf16=False,
         max_tool_calling_iterations=2,
+        seed=0,
     )
     trainer = GRPOTrainer(
         model=str(model),
         args=args,
-        train_dataset=suite_dataset(shop_tasks),
-        environment_factory=functools.partial(BirdCriticTRLEnv, tasks=shop_tasks),
+        train_dataset=dataset,
+        environment_factory=environment_factory,
     )
     trainer.train()
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(logged) == 2
+    return logged
+
+
+def test_two_grpo_steps_with_the_tiny_model(shop_tasks: list, tmp_path: Path) -> None:
+    logged = _two_grpo_steps(
+        tmp_path,
+        suite_dataset(shop_tasks),
+        functools.partial(BirdCriticTRLEnv, tasks=shop_tasks),
+    )
     assert any("BirdCriticTRLEnv" in key for key in logged[0])
+
+
+def test_two_grpo_steps_on_a_mixture(shop_tasks: list, tmp_path: Path) -> None:
+    # One debugging task and one question: the two steps roll out one of each, every rollout in
+    # the environment its row names (TRL's multi-environment form).
+    questions = load_bird("bird-mini-train")[:1]
+    logged = _two_grpo_steps(
+        tmp_path,
+        suite_dataset([shop_tasks[0], *questions]),
+        environment_factories(shop_tasks[:1], questions),
+    )
+    # TRL logs a reward per environment class, None in a step that did not use it.
+    for name in ("BirdCriticTRLEnv", "BirdSQLTRLEnv"):
+        scored = [
+            e[f"rewards/{name}/mean"] for e in logged if e[f"rewards/{name}/mean"] is not None
+        ]
+        assert scored, f"no rollout ran in {name}"

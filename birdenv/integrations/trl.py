@@ -1,14 +1,15 @@
-"""An adapter for TRL's ``GRPOTrainer(environment_factory=...)``, over the same environment core.
+"""Adapters for TRL's ``GRPOTrainer(environment_factory=...)``, over the same environment core.
 
 TRL creates one environment per rollout, calls ``reset(**dataset_row)``, exposes every public method
 as a tool (its signature and Google docstring become the tool schema) and scores a finished rollout
-with ``get_reward()``. :class:`BirdCriticTRLEnv` does each of these by driving a
-:class:`~birdenv.envs.critic.BirdCriticEnv` with the tool-call text a model would write, so the
-prompt, the tool schemas, the observations and the judge are exactly those of the Gymnasium
-environment. Nothing here imports TRL.
+with ``get_reward()``. :class:`BirdCriticTRLEnv` (debugging) and :class:`BirdSQLTRLEnv`
+(text-to-SQL) do each of these by driving the Gymnasium environment with the tool-call text a model
+would write, so the prompt, the tool schemas, the observations and the judge are exactly the
+environment's. Nothing here imports TRL.
 
 .. code-block:: python
 
+    import functools
     from trl import GRPOConfig, GRPOTrainer
     from birdenv.integrations.trl import BirdCriticTRLEnv, suite_dataset
 
@@ -16,33 +17,45 @@ environment. Nothing here imports TRL.
         model=model_path,
         args=GRPOConfig(...),
         train_dataset=suite_dataset("gym-mini"),
-        environment_factory=BirdCriticTRLEnv,
+        environment_factory=functools.partial(BirdCriticTRLEnv, suite="gym-mini"),
     )
+
+A mixture uses TRL's multi-environment form, in which each row's ``environment`` field picks its
+factory: ``train_dataset=suite_dataset(["gym-mini", "bird-mini-train"])`` and
+``environment_factory=environment_factories("gym-mini", "bird-mini-train")``.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from birdenv import tools
-from birdenv.envs.critic import BirdCriticEnv
-from birdenv.tasks import Task, load_tasks
 from birdenv.tools import format_tool_call
 
-__all__ = ["BirdCriticTRLEnv", "suite_dataset"]
+__all__ = ["BirdCriticTRLEnv", "BirdSQLTRLEnv", "environment_factories", "suite_dataset"]
 
 
 class BirdCriticTRLEnv:
     """One rollout's environment for TRL: ``reset``, two tools, ``get_reward``.
 
-    Keyword arguments are those of :class:`BirdCriticEnv` (``suite``, ``tasks``, ``db_dir``,
-    ``reward``, ``pool``, ...); pass them with ``functools.partial`` as the factory.
+    Keyword arguments are those of :class:`~birdenv.envs.critic.BirdCriticEnv` (``suite``,
+    ``tasks``, ``db_dir``, ``reward``, ``pool``, ...); pass them with ``functools.partial`` as the
+    factory.
     """
 
     def __init__(self, **env_kwargs: Any) -> None:
-        self.env = BirdCriticEnv(**env_kwargs)
+        self.env = self._make_env(**env_kwargs)
         self.reward = 0.0
         self.done = False
+
+    @staticmethod
+    def _make_env(**env_kwargs: Any) -> Any:
+        from birdenv.envs.critic import BirdCriticEnv
+
+        return BirdCriticEnv(**env_kwargs)
 
     def reset(self, **row: Any) -> str:
         """Start the rollout on the row's task (``task_id``; else a task drawn at random)."""
@@ -74,23 +87,85 @@ class BirdCriticTRLEnv:
         return self.reward
 
 
-def suite_dataset(source: str | list[Task] = "gym-mini", *, db_dir: str | None = None) -> Any:
-    """A ``datasets.Dataset`` of a suite's tasks in the form TRL's ``environment_factory`` expects.
+class BirdSQLTRLEnv(BirdCriticTRLEnv):
+    """:class:`BirdCriticTRLEnv` for text-to-SQL questions: the reward is execution accuracy.
 
+    Keyword arguments are those of :class:`~birdenv.envs.bird_sql.BirdSQLEnv` (``suite``, default
+    ``"bird-mini-eval"``; or ``tasks`` with ``db_root``; ``pool``, ...).
+    """
+
+    @staticmethod
+    def _make_env(**env_kwargs: Any) -> Any:
+        from birdenv.envs.bird_sql import BirdSQLEnv
+
+        return BirdSQLEnv(**env_kwargs)
+
+
+def suite_dataset(
+    source: str | Path | Sequence[Any] = "gym-mini",
+    *,
+    db_dir: str | Path | None = None,
+) -> Any:
+    """A ``datasets.Dataset`` of tasks in the form TRL's ``environment_factory`` expects.
+
+    ``source`` is a bundled suite name or a file of either kind (``gym-mini``, ``bird-mini-train``
+    ...), a list of tasks, or a list of several such names and files (a mixture; every task once).
     Each row has an empty user ``prompt`` (the environment's ``reset`` fills it in) plus
-    ``task_id``, ``db_id`` and ``category``.
+    ``task_id``, ``db_id``, ``category`` (Query/Management/Personalization, or a question's
+    difficulty) and ``environment`` (``"critic"`` or ``"bird"``: the key of
+    :func:`environment_factories` that TRL's multi-environment form reads).
     """
     from datasets import Dataset
 
-    tasks = source if isinstance(source, list) else load_tasks(source, db_dir=db_dir)
+    from birdenv.vector import load_source, task_kind
+
+    if isinstance(source, (str, Path)):
+        tasks = load_source(source, db_dir=db_dir)
+    else:  # tasks, or names and files of several sources
+        tasks = [
+            task
+            for item in source
+            for task in (
+                load_source(item, db_dir=db_dir) if isinstance(item, (str, Path)) else [item]
+            )
+        ]
     return Dataset.from_list(
         [
             {
                 "prompt": [{"role": "user", "content": ""}],
-                "task_id": t.instance_id,
-                "db_id": t.db_id,
-                "category": t.category,
+                "task_id": task.instance_id,
+                "db_id": task.db_id,
+                "category": task.difficulty if task_kind(task) == "bird" else task.category,
+                "environment": task_kind(task),
             }
-            for t in tasks
+            for task in tasks
         ]
     )
+
+
+def environment_factories(
+    critic: str | Path | Sequence[Any] = "gym-mini",
+    bird: str | Path | Sequence[Any] = "bird-mini-train",
+    *,
+    db_dir: str | Path | None = None,
+    **env_kwargs: Any,
+) -> dict[str, Callable[[], BirdCriticTRLEnv]]:
+    """TRL's multi-environment ``environment_factory`` for a mixture of both task kinds.
+
+    Keys are the ``environment`` values of :func:`suite_dataset` rows: ``"critic"`` makes a
+    :class:`BirdCriticTRLEnv` over ``critic`` (a suite name, a file or tasks), ``"bird"`` a
+    :class:`BirdSQLTRLEnv` over ``bird``. Each task set is loaded once here and shared by every
+    rollout's environment; ``env_kwargs`` (``reward``, ``pool``, ``statement_timeout`` ...) go to
+    both.
+    """
+    from birdenv.vector import load_source
+
+    def tasks_of(source: str | Path | Sequence[Any]) -> list[Any]:
+        return (
+            load_source(source, db_dir=db_dir) if isinstance(source, (str, Path)) else list(source)
+        )
+
+    return {
+        "critic": functools.partial(BirdCriticTRLEnv, tasks=tasks_of(critic), **env_kwargs),
+        "bird": functools.partial(BirdSQLTRLEnv, tasks=tasks_of(bird), **env_kwargs),
+    }
