@@ -649,7 +649,10 @@ def _build_parser() -> argparse.ArgumentParser:
         "--no-cache",
         dest="cache",
         action="store_false",
-        help="run every issue phase again instead of reusing remembered outcomes",
+        help=(
+            "run every issue phase again instead of reusing remembered outcomes, and judge in "
+            "input order (not slowest first by remembered times)"
+        ),
     )
     evaluate.set_defaults(func=_cmd_evaluate)
 
