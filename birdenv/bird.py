@@ -17,7 +17,7 @@ a prediction that writes cannot change what it is compared with.
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
+import math
 import sqlite3
 import threading
 import time
@@ -32,6 +32,7 @@ from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.replicas.session import Session, StatementTimeout
 from birdenv.replicas.store import Base
 from birdenv.tasks import open_row, plain_db_id, read_rows
+from birdenv.workers import KILL_GRACE, supervised_map
 
 __all__ = [
     "BIRD_SUITES",
@@ -231,8 +232,9 @@ class ExVerdict:
 
     ``correct`` is the EX score as a bool. ``phase`` says why it is not: ``"prediction"`` (the
     prediction raised), ``"timeout"`` (a statement passed its deadline), ``"mismatch"`` (the row
-    sets differ), ``"gold"`` (the gold query raised or was too long; a verdict, not a pass) or
-    ``"setup"`` (the database could not be opened). ``pred_rows``/``gold_rows`` count the rows
+    sets differ), ``"gold"`` (the gold query raised or was too long; a verdict, not a pass),
+    ``"setup"`` (the database could not be opened) or, from worker processes, ``"crash"`` (the
+    worker died). ``pred_rows``/``gold_rows`` count the rows
     fetched (``None`` when that query did not complete). ``status``, ``passed``,
     ``tests_passed``/``tests_total`` and ``fraction`` read like :class:`birdenv.judge.Verdict`'s,
     so one formatter and one reward path serve both.
@@ -457,11 +459,17 @@ def execution_accuracy(
     return verdict
 
 
-def _ex_job(job: tuple[BirdTask, str, float | None, bool]) -> ExVerdict:
+def _ex_job(pool: ReplicaPool | None, job: tuple[BirdTask, str, float | None, bool]) -> ExVerdict:
+    """One :func:`execution_accuracy_many` pair (module level: workers get it by name)."""
     task, pred_sql, statement_timeout, isolate_gold = job
     return execution_accuracy(
-        task, pred_sql, statement_timeout=statement_timeout, isolate_gold=isolate_gold
+        task, pred_sql, pool=pool, statement_timeout=statement_timeout, isolate_gold=isolate_gold
     )
+
+
+def _unscored(job: tuple[BirdTask, str, float | None, bool], phase: str, why: str) -> ExVerdict:
+    """The verdict of a pair whose worker was killed or died: 0."""
+    return ExVerdict(instance_id=job[0].instance_id, correct=False, phase=phase, error=why)
 
 
 def execution_accuracy_many(
@@ -473,16 +481,26 @@ def execution_accuracy_many(
 ) -> Iterator[ExVerdict]:
     """:func:`execution_accuracy` of many ``(task, pred_sql)`` pairs, in order, over ``processes``.
 
-    Like :func:`birdenv.judge.judge_many`: each worker process has its own pool on the shared
-    replica root, so bases are materialised once for the machine and sessions never collide.
+    One process judges in this one. More run in supervised workers
+    (:func:`birdenv.workers.supervised_map`), each with its own pool on the shared replica root:
+    a worker still busy past both statement deadlines (+2 s) is killed and its pair scores 0 as a
+    ``"timeout"``, a worker that dies scores its pair 0 as a ``"crash"``, and a worker that cannot
+    start raises :class:`~birdenv.errors.WorkerStartError`.
     """
-    work = ((task, pred, statement_timeout, isolate_gold) for task, pred in jobs)
+    work = [(task, pred, statement_timeout, isolate_gold) for task, pred in jobs]
     if processes <= 1:
-        yield from map(_ex_job, work)
+        for job in work:
+            yield _ex_job(None, job)
         return
-    context = multiprocessing.get_context("forkserver")
-    with context.Pool(processes) as workers:
-        yield from workers.imap(_ex_job, work, chunksize=1)
+    kill_after = math.inf if statement_timeout is None else 2 * statement_timeout + KILL_GRACE
+    yield from supervised_map(
+        _ex_job,
+        work,
+        processes=processes,
+        kill_after=kill_after,
+        failed=_unscored,
+        preload=["birdenv.bird"],
+    )
 
 
 def validate_bird(

@@ -40,3 +40,8 @@ class PoolTimeoutError(BirdEnvError, TimeoutError):
 
 class SessionClosedError(BirdEnvError):
     """A session was used after it was closed or reset."""
+
+
+class WorkerStartError(BirdEnvError, RuntimeError):
+    """A judging worker process died before it could judge anything (a setup problem, not a
+    verdict: every instance would fail the same way)."""

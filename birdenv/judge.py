@@ -22,15 +22,12 @@ Test code runs with the official helper names in scope: ``perform_query_on_sqlit
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import datetime
 import io
 import json
 import math
-import multiprocessing
-import multiprocessing.connection
 import re
 import signal
 import sqlite3
@@ -53,6 +50,7 @@ from birdenv.replicas.guard import authorizer
 from birdenv.replicas.pool import ReplicaPool, default_pool, default_root
 from birdenv.replicas.session import MAX_ROWS, Limits, Session, run_statement
 from birdenv.tasks import Task, split_sql_field
+from birdenv.workers import KILL_GRACE, supervised_map
 
 __all__ = [
     "DEFAULT_TEST",
@@ -669,57 +667,31 @@ def judge(
     return verdict
 
 
-# A worker gets this long past the instance deadline to return on its own before it is killed.
-_KILL_GRACE = 2.0
+def _judge_job(
+    pool: ReplicaPool, job: tuple[Task, list[str] | str, bool, float | None, float]
+) -> Verdict:
+    """One :func:`judge_many` instance, in a worker (module level: workers get it by name)."""
+    task, pred_sqls, cache, statement_timeout, instance_timeout = job
+    return judge(
+        task,
+        pred_sqls,
+        pool=pool,
+        statement_timeout=statement_timeout,
+        instance_timeout=instance_timeout,
+        cache=cache,
+    )
 
 
-def _judge_worker(
-    conn: Any, root: str, statement_timeout: float | None, instance_timeout: float
-) -> None:
-    """Judge the jobs that arrive on ``conn`` on a pool at ``root`` until ``None`` arrives."""
-    with ReplicaPool(root) as pool:
-        while (job := conn.recv()) is not None:
-            task, pred_sqls, cache = job
-            conn.send(
-                judge(
-                    task,
-                    pred_sqls,
-                    pool=pool,
-                    statement_timeout=statement_timeout,
-                    instance_timeout=instance_timeout,
-                    cache=cache,
-                )
-            )
-
-
-class _Worker:
-    """One judging process and the job it is running."""
-
-    def __init__(
-        self, context: Any, root: str, statement_timeout: float | None, instance_timeout: float
-    ):
-        self.conn, child = context.Pipe()
-        self.process = context.Process(
-            target=_judge_worker,
-            args=(child, root, statement_timeout, instance_timeout),
-            daemon=True,
-        )
-        self.process.start()
-        child.close()
-        self.job: tuple[int, Task] | None = None
-        self.deadline = 0.0
-
-    def stop(self, kill: bool = False) -> None:
-        if kill:
-            self.process.kill()
-        else:
-            with contextlib.suppress(OSError):
-                self.conn.send(None)
-        self.process.join(timeout=None if kill else 5)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self.conn.close()
+def _unjudged(job: tuple[Task, Any, Any, Any, Any], phase: str, why: str) -> Verdict:
+    """The verdict of an instance whose worker was killed or died."""
+    task = job[0]
+    return Verdict(
+        instance_id=task.instance_id,
+        status="failed",
+        phase=phase,
+        error=why,
+        tests_total=len(task.test_cases) or 1,
+    )
 
 
 def judge_many(
@@ -732,95 +704,46 @@ def judge_many(
 ) -> Iterator[Verdict]:
     """Judge many ``(task, pred_sqls)`` pairs, in order, in ``processes`` supervised workers.
 
-    Every instance runs in a worker process, as the official evaluator runs each in a
-    subprocess: a worker still busy ``instance_timeout`` (+2 s) after it started an instance is
-    killed (test code can swallow the in-process deadline; only a process boundary bounds it),
-    the instance gets a ``"timeout"`` verdict, and a new worker takes over; a worker that dies
-    gives its instance a ``"crash"`` verdict. The rest of the run continues either way. Each
-    worker has its own pool on the shared replica root, so bases are materialised once for the
-    machine, sessions never collide, and a killed worker's session files are swept.
+    Every instance runs in a worker process (:func:`birdenv.workers.supervised_map`), as the
+    official evaluator runs each in a subprocess: a worker still busy ``instance_timeout`` (+2 s)
+    after it started an instance is killed (test code can swallow the in-process deadline; only a
+    process boundary bounds it), the instance gets a ``"timeout"`` verdict, and a new worker takes
+    over; a worker that dies gives its instance a ``"crash"`` verdict. The rest of the run
+    continues either way.
 
     With ``cache=True`` instances start longest first, by the time their task took to judge last
     time (kept beside the issue-phase cache; never-judged tasks start before all others): a run
     ends when its slowest instance does, so that one should not start last. ``cache=False``
     remembers nothing and starts them in input order. Verdicts come out in input order either way.
+
+    Raises :class:`~birdenv.errors.WorkerStartError` when a worker dies before it is ready: that
+    is a setup problem (most often a script that calls this without an ``if __name__ ==
+    "__main__":`` guard), not a verdict.
     """
-    context = multiprocessing.get_context("forkserver")
-    # Workers fork from a server that has imported the judge once, instead of importing it each.
-    context.set_forkserver_preload(["birdenv.judge"])
-    pending = collections.deque(enumerate(jobs))
-    if not pending:
-        return  # no worker to start
-    # The caller's root, passed on: a forkserver keeps the environment it was started with.
-    root = str(default_root())
-    timings = JudgeCache.for_root(root) if cache else None
-    if timings is not None:
-        keys = [schedule_key(task) for _, (task, _) in pending]
+    work = [(task, pred, cache, statement_timeout, instance_timeout) for task, pred in jobs]
+    order, timings = None, None
+    if cache and work:
+        timings = JudgeCache.for_root(default_root())
+        keys = [schedule_key(job[0]) for job in work]
         seconds = timings.judge_seconds(keys)
         # Unknown tasks go first (they may be slow); the rest longest first; ties in input order.
-        pending = collections.deque(
-            sorted(pending, key=lambda job: -seconds.get(keys[job[0]], math.inf))
-        )
-    workers = [
-        _Worker(context, root, statement_timeout, instance_timeout)
-        for _ in range(max(1, min(processes, len(pending))))
-    ]
-    done: dict[int, Verdict] = {}
+        order = sorted(range(len(work)), key=lambda i: -seconds.get(keys[i], math.inf))
     judged: dict[str, float] = {}
-    next_out = 0
     try:
-        while pending or any(w.job for w in workers):
-            for worker in workers:
-                if worker.job is None and pending:
-                    index, (task, pred_sqls) = pending.popleft()
-                    worker.job = (index, task)
-                    worker.deadline = time.monotonic() + instance_timeout + _KILL_GRACE
-                    worker.conn.send((task, pred_sqls, cache))
-            busy = [w for w in workers if w.job is not None]
-            wait = max(0.0, min(w.deadline for w in busy) - time.monotonic())
-            ready = multiprocessing.connection.wait([w.conn for w in busy], timeout=wait)
-            for i, worker in enumerate(workers):
-                if worker.job is None:
-                    continue
-                index, task = worker.job
-                if worker.conn in ready:
-                    try:
-                        done[index] = worker.conn.recv()
-                        worker.job = None
-                        continue
-                    except (EOFError, OSError):
-                        worker.process.join(timeout=5)  # reaped, for its exit code
-                        why = (
-                            f"crash: the judging worker died (exit code {worker.process.exitcode})"
-                        )
-                        phase = "crash"
-                elif time.monotonic() >= worker.deadline:
-                    why = (
-                        f"timeout: still running {instance_timeout + _KILL_GRACE:g} s after it "
-                        "started; the judging worker was killed"
-                    )
-                    phase = "timeout"
-                else:
-                    continue
-                done[index] = Verdict(
-                    instance_id=task.instance_id,
-                    status="failed",
-                    phase=phase,
-                    error=why,
-                    tests_total=len(task.test_cases) or 1,
-                )
-                worker.stop(kill=True)
-                workers[i] = _Worker(context, root, statement_timeout, instance_timeout)
-            while next_out in done:
-                verdict = done.pop(next_out)
-                if timings is not None:  # a killed instance took at least its deadline
-                    judged[keys[next_out]] = verdict.timings.get(
-                        "total", instance_timeout + _KILL_GRACE
-                    )
-                yield verdict
-                next_out += 1
+        verdicts = supervised_map(
+            _judge_job,
+            work,
+            processes=processes,
+            kill_after=instance_timeout + KILL_GRACE,
+            failed=_unjudged,
+            order=order,
+            # Workers fork from a server that has imported the judge once, not each on its own.
+            preload=["birdenv.judge"],
+        )
+        for index, verdict in enumerate(verdicts):
+            if timings is not None:  # a killed instance took at least its deadline
+                judged[keys[index]] = verdict.timings.get("total", instance_timeout + KILL_GRACE)
+            yield verdict
     finally:
-        for worker in workers:
-            worker.stop(kill=worker.job is not None)
         if timings is not None:
             timings.record_judge_seconds(judged)

@@ -7,6 +7,7 @@ the rest of the run goes on.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import json
@@ -15,6 +16,7 @@ import random
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +29,8 @@ from birdenv.tasks import Task, load_tasks, parse_task
 from birdenv.tools import format_tool_call
 from birdenv.vector import make_vec
 from tests.conftest import SHOP_TASKS, build_shop
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # A write that takes long enough (about a second here) to be killed in the middle.
 LONG_WRITE = (
@@ -331,3 +335,51 @@ def test_judge_many_survives_test_code_that_kills_its_process(shop) -> None:
     verdicts = list(judge_many([(dies, ["SELECT 2"]), (passes, ["SELECT 2"])], processes=2))
     assert [(v.instance_id, v.phase) for v in verdicts] == [("dies", "crash"), ("passes", None)]
     assert "exit code 7" in verdicts[0].error
+
+
+# What a script runs in worker processes: the judge on the shop tasks, and BIRD's EX on questions.
+SCRIPT_CALLS = {
+    "judge_many": (
+        "from birdenv.judge import judge_many\nfrom birdenv.tasks import load_tasks\n",
+        "tasks = load_tasks({tasks!r}, db_dir={db_dir!r})\n"
+        "print([v.status for v in judge_many([(t, t.sol_sql) for t in tasks], processes=2)])\n",
+    ),
+    "execution_accuracy_many": (
+        "from birdenv.bird import execution_accuracy_many, load_bird\n",
+        "qs = load_bird('bird-mini-eval')[:5]\n"
+        "print([v.status for v in execution_accuracy_many([(q, q.SQL) for q in qs], processes=2)])\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["main-guard", "no-main-guard"])
+@pytest.mark.parametrize("runner", sorted(SCRIPT_CALLS))
+def test_a_script_without_a_main_guard_gets_a_clear_error(
+    shop_dir: Path, tmp_path: Path, runner: str, guarded: bool
+) -> None:
+    # Workers import the calling script's main module; unguarded, it would start workers again
+    # (before, judge_many gave every instance a "crash" verdict and EX's worker pool never ended).
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in SHOP_TASKS))
+    imports, call = SCRIPT_CALLS[runner]
+    call = call.format(tasks=str(tasks), db_dir=str(shop_dir))
+    if guarded:
+        call = "if __name__ == '__main__':\n" + "".join(
+            f"    {line}\n" for line in call.splitlines()
+        )
+    script = tmp_path / "script.py"
+    script.write_text(imports + call)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if guarded:
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert set(ast.literal_eval(done.stdout)) == {"success"}  # the printed statuses
+    else:
+        assert done.returncode == 1
+        assert "WorkerStartError" in done.stderr and "if __name__ == '__main__':" in done.stderr
+        assert "crash" not in done.stdout
