@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run_curriculum"]
+from birdtrain.config import STAGES
 
-STAGES = ("stage1", "stage2", "stage3", "stage4")
+__all__ = ["main", "run_curriculum"]
 
 
 def _git_commit() -> str | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 __all__ = [
     "PRESETS",
+    "STAGES",
     "AgenticConfig",
     "CurriculumConfig",
     "DataConfig",
@@ -25,7 +26,8 @@ __all__ = [
 ]
 
 
-_STAGES = ("stage1", "stage2", "stage3", "stage4")
+#: The curriculum's stages, in order.
+STAGES = ("stage1", "stage2", "stage3", "stage4")
 
 
 def _field(default: Any, help: str) -> Any:
@@ -217,10 +219,10 @@ class EvalConfig:
             self.after = [self.after]  # `eval.after=stage4` on the command line
         if not isinstance(self.after, list):
             raise ValueError(f"eval.after must be a list of stage names, got {self.after!r}")
-        unknown = [s for s in self.after if s not in _STAGES]
+        unknown = [s for s in self.after if s not in STAGES]
         if unknown:
             raise ValueError(
-                f"eval.after: unknown stage {unknown[0]!r}; choose from {', '.join(_STAGES)}"
+                f"eval.after: unknown stage {unknown[0]!r}; choose from {', '.join(STAGES)}"
             )
 
 

@@ -15,11 +15,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from birdtrain.config import STAGES
 from birdtrain.trajectories import TrajectoryStore
 
 __all__ = ["metrics_side_by_side", "write_report"]
 
-_STAGES = ("stage1", "stage2", "stage3", "stage4")
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #222; }
 h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; margin-top: 2rem; }
@@ -132,20 +132,20 @@ def write_report(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
-    metrics = {stage: _metrics(run_dir, stage) for stage in _STAGES}
+    metrics = {stage: _metrics(run_dir, stage) for stage in STAGES}
     store = TrajectoryStore(run_dir)
     figures: dict[str, Path | None] = {}
 
     figures["loss"] = _figure(
         out / "loss.png",
         "training loss per stage",
-        lambda ax: _plot_lines(ax, [(s, *_series(metrics[s], "loss")) for s in _STAGES], "step"),
+        lambda ax: _plot_lines(ax, [(s, *_series(metrics[s], "loss")) for s in STAGES], "step"),
     )
     figures["lr"] = _figure(
         out / "learning_rate.png",
         "learning rate per stage",
         lambda ax: _plot_lines(
-            ax, [(s, *_series(metrics[s], "learning_rate")) for s in _STAGES], "step"
+            ax, [(s, *_series(metrics[s], "learning_rate")) for s in STAGES], "step"
         ),
     )
     figures["reward"] = _figure(

@@ -101,6 +101,18 @@ class BirdSQLTRLEnv(BirdCriticTRLEnv):
         return BirdSQLEnv(**env_kwargs)
 
 
+def _tasks(source: str | Path | Sequence[Any], db_dir: str | Path | None) -> list[Any]:
+    """The tasks of a suite name or file, of a list of tasks, or of a list of names and files."""
+    from birdenv.vector import load_source
+
+    items = [source] if isinstance(source, (str, Path)) else source
+    return [
+        task
+        for item in items
+        for task in (load_source(item, db_dir=db_dir) if isinstance(item, (str, Path)) else [item])
+    ]
+
+
 def suite_dataset(
     source: str | Path | Sequence[Any] = "gym-mini",
     *,
@@ -117,18 +129,9 @@ def suite_dataset(
     """
     from datasets import Dataset
 
-    from birdenv.vector import load_source, task_kind
+    from birdenv.vector import task_kind
 
-    if isinstance(source, (str, Path)):
-        tasks = load_source(source, db_dir=db_dir)
-    else:  # tasks, or names and files of several sources
-        tasks = [
-            task
-            for item in source
-            for task in (
-                load_source(item, db_dir=db_dir) if isinstance(item, (str, Path)) else [item]
-            )
-        ]
+    tasks = _tasks(source, db_dir)
     return Dataset.from_list(
         [
             {
@@ -158,14 +161,7 @@ def environment_factories(
     rollout's environment; ``env_kwargs`` (``reward``, ``pool``, ``statement_timeout`` ...) go to
     both.
     """
-    from birdenv.vector import load_source
-
-    def tasks_of(source: str | Path | Sequence[Any]) -> list[Any]:
-        return (
-            load_source(source, db_dir=db_dir) if isinstance(source, (str, Path)) else list(source)
-        )
-
     return {
-        "critic": functools.partial(BirdCriticTRLEnv, tasks=tasks_of(critic), **env_kwargs),
-        "bird": functools.partial(BirdSQLTRLEnv, tasks=tasks_of(bird), **env_kwargs),
+        "critic": functools.partial(BirdCriticTRLEnv, tasks=_tasks(critic, db_dir), **env_kwargs),
+        "bird": functools.partial(BirdSQLTRLEnv, tasks=_tasks(bird, db_dir), **env_kwargs),
     }

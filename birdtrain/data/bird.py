@@ -35,7 +35,12 @@ from birdenv.tools import TOOL_SCHEMAS, format_tool_call
 from birdtrain.data.evidence import StatementRun, _parse, run_statements, summarize_run
 from birdtrain.data.evidence import tables_touched as _tables_touched
 from birdtrain.data.teacher import Teacher
-from birdtrain.data.trajectories import PlannedExpert, play_episode, summarize_observation
+from birdtrain.data.trajectories import (
+    PlannedExpert,
+    _table_of,
+    play_episode,
+    summarize_observation,
+)
 
 __all__ = [
     "BIRD_TEACHER_AGENT_PROMPT",
@@ -244,8 +249,9 @@ class BirdExpert(PlannedExpert):
         if kind == "schema":
             return "First I look at the tables and views this database holds."
         if kind == "inspect":
-            table = sql.split("FROM ", 1)[1].rsplit(" LIMIT", 1)[0].strip('"')
-            return f"{before} The question needs {table}; let me look at a few of its rows."
+            return (
+                f"{before} The question needs {_table_of(sql)}; let me look at a few of its rows."
+            )
         shape = ", ".join(self.evidence.shape)
         need = f" The answer needs {shape}." if shape else ""
         return f"{before}{need} Let me run the query."
