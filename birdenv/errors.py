@@ -45,3 +45,13 @@ class SessionClosedError(BirdEnvError):
 class WorkerStartError(BirdEnvError, RuntimeError):
     """A judging worker process died before it could judge anything (a setup problem, not a
     verdict: every instance would fail the same way)."""
+
+
+class MissingExtraError(BirdEnvError, ImportError):
+    """An optional dependency is not installed; the message names the extra that installs it."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(
+            f"{module} is not installed; install it with: pip install 'bird-rl[{extra}]'"
+        )
+        self.name = module

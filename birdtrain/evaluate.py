@@ -36,9 +36,9 @@ from typing import Any
 from birdenv.bird import DIFFICULTIES
 from birdenv.judge import judge_many
 from birdenv.tasks import CATEGORIES, Task
-from birdenv.tools import TOOL_SCHEMAS, ToolCallError, parse_tool_call
 from birdenv.vector import task_category, task_kind
-from birdtrain.trajectories import TrajectoryStore, episode_rows
+from birdtrain.rollout import Episode, submitted
+from birdtrain.trajectory_store import TrajectoryStore, episode_rows
 
 __all__ = ["PAPER_BIRD_RESULTS", "PAPER_RESULTS", "evaluate_policy", "pass_at_k"]
 
@@ -70,21 +70,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _submitted(messages: list[dict[str, Any]]) -> list[str]:
-    """The ``sql_list`` of the episode's submission, or ``[]`` when it never submitted."""
-    for message in reversed(messages):
-        if message["role"] != "assistant":
-            continue
-        try:
-            call = parse_tool_call(message["content"])
-        except ToolCallError:
-            return []
-        return call.arguments["sql_list"] if call.name == "submit_solution" else []
-    return []
-
-
 # -- the policies ------------------------------------------------------------------------------
-def _threaded_episodes(jobs: list[tuple[Task, int]], num_envs: int, play: Any) -> list[dict]:
+def _threaded_episodes(jobs: list[tuple[Task, int]], num_envs: int, play: Any) -> list[Episode]:
     """Run ``play(env, task) -> (info, reward, generation seconds)`` for every job, one env per
     worker thread (the envs share the process's replica pool)."""
     from birdenv.envs.bird_sql import BirdSQLEnv
@@ -93,7 +80,7 @@ def _threaded_episodes(jobs: list[tuple[Task, int]], num_envs: int, play: Any) -
     tasks = [task for task, _ in jobs]
     env_class = BirdSQLEnv if tasks and task_kind(tasks[0]) == "bird" else BirdCriticEnv
 
-    def worker(chunk: list[tuple[Task, int]]) -> list[dict]:
+    def worker(chunk: list[tuple[Task, int]]) -> list[Episode]:
         env = env_class(tasks=tasks)
         out = []
         try:
@@ -102,16 +89,16 @@ def _threaded_episodes(jobs: list[tuple[Task, int]], num_envs: int, play: Any) -
                 statement_s: list[float | None] = []
                 info, reward, gen_s = play(env, task, statement_s)
                 out.append(
-                    {
-                        "task": task,
-                        "sample": sample,
-                        "messages": info["messages"],
-                        "reward": reward,
-                        "verdict": info.get("verdict"),
-                        "env_s": time.perf_counter() - started - gen_s,
-                        "gen_s": gen_s,
-                        "statement_s": statement_s,
-                    }
+                    Episode(
+                        task_id=task.instance_id,
+                        group=sample,
+                        messages=info["messages"],
+                        reward=reward,
+                        verdict=info.get("verdict"),
+                        env_s=time.perf_counter() - started - gen_s,
+                        generation_s=gen_s,
+                        statement_s=statement_s,
+                    )
                 )
         finally:
             env.close()
@@ -124,7 +111,7 @@ def _threaded_episodes(jobs: list[tuple[Task, int]], num_envs: int, play: Any) -
 
 def _reference_episodes(
     policy: str, jobs: list[tuple[Task, int]], *, max_turns: int, num_envs: int
-) -> list[dict]:
+) -> list[Episode]:
     """A reference agent: ``oracle`` and ``echo`` are :mod:`birdenv.agents` (on BIRD questions,
     :func:`birdtrain.data.bird.bird_reference_turns`); ``scripted`` is stage 2's offline expert,
     which explores with real evidence before it submits the known fix (or the gold query)."""
@@ -132,7 +119,7 @@ def _reference_episodes(
     from birdenv.replicas.pool import default_pool
     from birdtrain.data.bird import BirdExpert, bird_reference_turns, gather_bird_evidence
     from birdtrain.data.evidence import gather_evidence
-    from birdtrain.data.trajectories import OfflineExpert
+    from birdtrain.data.tool_use import OfflineExpert
 
     def play(env: Any, task: Task, statement_s: list) -> tuple[dict, float, float]:
         bird = task_kind(task) == "bird"
@@ -166,23 +153,19 @@ def _endpoint_episodes(
     max_new_tokens: int,
     temperature: float,
     num_envs: int,
-) -> list[dict]:
+) -> list[Episode]:
     """An OpenAI-compatible model as an agent, one conversation per env."""
-    from birdtrain.data.teacher import Teacher
+    from birdtrain.policies import EndpointPolicy
 
-    model, _, url = spec.removeprefix("endpoint:").partition("@")
-    client = Teacher(url, model)
+    agent = EndpointPolicy.from_spec(spec)
 
     def play(env: Any, task: Task, statement_s: list) -> tuple[dict, float, float]:
         _, info = env.reset(options={"task_id": task.instance_id})
         reward, gen_s = 0.0, 0.0
         for _ in range(max_turns):
             started = time.perf_counter()
-            turn = client.chat(
-                info["messages"],
-                tools=TOOL_SCHEMAS,
-                temperature=temperature,
-                max_tokens=max_new_tokens,
+            turn = agent.turn(
+                info["messages"], max_new_tokens=max_new_tokens, temperature=temperature
             )
             gen_s += time.perf_counter() - started
             _, reward, terminated, _, info = env.step(turn)
@@ -204,10 +187,11 @@ def _model_episodes(
     temperature: float,
     num_envs: int,
     engine: str,
-) -> tuple[list[dict], dict[str, float]]:
+) -> tuple[list[Episode], dict[str, float]]:
     """A local model as an agent, rolled out through a vector env exactly as in stage 4."""
     from birdenv.vector import make_vec
-    from birdtrain.rollout import collect, generation_policy
+    from birdtrain.policies import generation_policy
+    from birdtrain.rollout import collect
 
     generator = generation_policy(model_path, engine=engine)
     envs = make_vec(
@@ -229,23 +213,7 @@ def _model_episodes(
         )
     finally:
         envs.close()
-    by_id = {t.instance_id: t for t in tasks}
-    episodes = [
-        {
-            "task": by_id[r.task_id],
-            "sample": r.group,
-            "messages": r.messages,
-            "reward": r.reward,
-            "verdict": r.verdict,
-            "env_s": r.env_s,
-            "gen_s": r.generation_s,
-            "tokens": sum(len(s.ids) for s in r.segments if s.generated),
-            "statement_s": r.statement_s,
-            "error": r.error,
-        }
-        for r in rollouts
-    ]
-    return episodes, {"generation_s": rollouts.generation_s, "env_s": rollouts.env_s}
+    return list(rollouts), {"generation_s": rollouts.generation_s, "env_s": rollouts.env_s}
 
 
 def _single_answers(
@@ -256,7 +224,7 @@ def _single_answers(
     max_new_tokens: int,
     temperature: float,
     engine: str,
-) -> list[dict]:
+) -> list[Episode]:
     """One ``<solution>`` per sample from a model or an endpoint."""
     from birdtrain.prompts import parse_solution, single_turn_prompt
 
@@ -264,15 +232,14 @@ def _single_answers(
     prompts = [[{"role": "user", "content": single_turn_prompt(t)}] for t, _ in jobs]
     started = time.perf_counter()
     if policy.startswith("endpoint:"):
-        from birdtrain.data.teacher import Teacher
+        from birdtrain.policies import EndpointPolicy
 
-        model, _, url = policy.removeprefix("endpoint:").partition("@")
-        client = Teacher(url, model)
+        agent = EndpointPolicy.from_spec(policy)
         texts = [
-            client.chat(p, temperature=temperature, max_tokens=max_new_tokens) for p in prompts
+            agent.answer(p, max_new_tokens=max_new_tokens, temperature=temperature) for p in prompts
         ]
     else:
-        from birdtrain.rollout import generation_policy
+        from birdtrain.policies import generation_policy
 
         generator = generation_policy(policy, engine=engine)
         tokenizer = generator.tokenizer
@@ -290,18 +257,24 @@ def _single_answers(
                 texts.append(tokenizer.decode(ids, skip_special_tokens=True))
     gen_s = (time.perf_counter() - started) / max(len(jobs), 1)
     return [
-        {"task": t, "sample": s, "answer": text, "pred_sqls": parse_solution(text), "gen_s": gen_s}
-        for (t, s), text in zip(jobs, texts, strict=True)
+        Episode(
+            task_id=t.instance_id,
+            group=s,
+            messages=[*p, {"role": "assistant", "content": text}],
+            pred_sqls=parse_solution(text),
+            generation_s=gen_s,
+        )
+        for (t, s), p, text in zip(jobs, prompts, texts, strict=True)
     ]
 
 
 # -- the evaluation ----------------------------------------------------------------------------
-def _summarize(episodes: list[dict], n: int) -> dict[str, Any]:
+def _summarize(episodes: list[Episode], by_id: dict[str, Task], n: int) -> dict[str, Any]:
     by_task: dict[str, list[bool]] = defaultdict(list)
     category = {}
     for e in episodes:
-        by_task[e["task"].instance_id].append(bool(e["passed"]))
-        category[e["task"].instance_id] = task_category(e["task"])
+        by_task[e.task_id].append(e.passed)
+        category[e.task_id] = task_category(by_id[e.task_id])
     first = {tid: results[0] for tid, results in by_task.items()}
     by_category: dict[str, dict[str, Any]] = {}
     known = (*CATEGORIES, *DIFFICULTIES)
@@ -381,7 +354,7 @@ def evaluate_policy(
     the time split, and ``table`` (the paper's figures beside this one). BIRD questions also get
     ``execution_accuracy`` and ``by_difficulty`` (the same figures under their own names).
     A local model generates with ``engine`` (``"auto"``: vLLM when installed with CUDA, else
-    transformers; see :func:`birdtrain.rollout.generation_policy`).
+    transformers; see :func:`birdtrain.policies.generation_policy`).
     """
     if mode not in ("agent", "single"):
         raise ValueError(f"mode must be 'agent' or 'single', got {mode!r}")
@@ -399,6 +372,7 @@ def evaluate_policy(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     label = label or policy
+    by_id = {t.instance_id: t for t in tasks}
     started = time.perf_counter()
     split = {"generation_s": 0.0, "env_s": 0.0, "judge_s": 0.0}
     if mode == "agent":
@@ -415,8 +389,8 @@ def evaluate_policy(
                     temperature=temperature,
                     num_envs=num_envs,
                 )
-            split["generation_s"] = sum(e["gen_s"] for e in episodes)
-            split["env_s"] = sum(e["env_s"] for e in episodes)
+            split["generation_s"] = sum(e.generation_s for e in episodes)
+            split["env_s"] = sum(e.env_s for e in episodes)
         else:
             episodes, times = _model_episodes(
                 policy,
@@ -430,32 +404,22 @@ def evaluate_policy(
             )
             split.update(times)
         for e in episodes:
-            e["pred_sqls"] = _submitted(e["messages"])
-            e["passed"] = bool(e["verdict"] and e["verdict"].get("status") == "success")
+            e.pred_sqls = submitted(e.messages)
             if (
                 "generation_s" not in split
                 or policy in _REFERENCE
                 or policy.startswith("endpoint:")
             ):
-                split["generation_s"] += e.get("gen_s", 0.0)
-                split["env_s"] += e.get("env_s", 0.0)
-        judge_times = [
-            e["verdict"]["timings"].get("total", 0.0) for e in episodes if e.get("verdict")
-        ]
+                split["generation_s"] += e.generation_s
+                split["env_s"] += e.env_s
+        judge_times = [e.verdict["timings"].get("total", 0.0) for e in episodes if e.verdict]
         split["judge_s"] = sum(judge_times)
         store = TrajectoryStore(store_dir or out_dir)
         store.append(
             row
             for e in episodes
             for row in episode_rows(
-                e["messages"],
-                task_id=e["task"].instance_id,
-                category=task_category(e["task"]),
-                reward=e["reward"],
-                verdict=(e["verdict"] or {}).get("status"),
-                run=label,
-                stage="eval",
-                env_seconds=e.get("statement_s"),
+                e, category=task_category(by_id[e.task_id]), run=label, stage="eval"
             )
         )
     else:
@@ -469,41 +433,38 @@ def evaluate_policy(
             temperature=temperature,
             engine=engine,
         )
-        split["generation_s"] = sum(e["gen_s"] for e in episodes)
+        split["generation_s"] = sum(e.generation_s for e in episodes)
         judge_started = time.perf_counter()
         if kind == "bird":
             from birdtrain.rewards import score_submission
 
             # BIRD's official rule (the gold on the prediction's state), as evaluators score.
             verdicts = [
-                score_submission(e["task"], e["pred_sqls"], isolate_gold=False) for e in episodes
+                score_submission(by_id[e.task_id], e.pred_sqls, isolate_gold=False)
+                for e in episodes
             ]
         else:
-            verdicts = judge_many([(e["task"], e["pred_sqls"]) for e in episodes])
+            verdicts = judge_many([(by_id[e.task_id], e.pred_sqls) for e in episodes])
         for e, verdict in zip(episodes, verdicts, strict=True):
-            e["verdict"] = verdict.to_dict()
-            e["passed"] = verdict.passed
+            e.verdict = verdict.to_dict()
         split["judge_s"] = time.perf_counter() - judge_started
     order = {t.instance_id: i for i, t in enumerate(tasks)}
-    episodes.sort(key=lambda e: (order[e["task"].instance_id], e["sample"]))
+    episodes.sort(key=lambda e: (order[e.task_id], e.group))
     with (out_dir / "predictions.jsonl").open("w") as fh:
         for e in episodes:
-            if e["sample"] == 0:
-                fh.write(
-                    json.dumps({"instance_id": e["task"].instance_id, "pred_sqls": e["pred_sqls"]})
-                    + "\n"
-                )
+            if e.group == 0:
+                fh.write(json.dumps({"instance_id": e.task_id, "pred_sqls": e.pred_sqls}) + "\n")
     with (out_dir / "verdicts.jsonl").open("w") as fh:
         for e in episodes:
             fh.write(
                 json.dumps(
                     {
-                        "instance_id": e["task"].instance_id,
-                        "sample": e["sample"],
-                        "category": task_category(e["task"]),
-                        "status": "success" if e["passed"] else "failed",
-                        "pred_sqls": e["pred_sqls"],
-                        "verdict": e.get("verdict"),
+                        "instance_id": e.task_id,
+                        "sample": e.group,
+                        "category": task_category(by_id[e.task_id]),
+                        "status": "success" if e.passed else "failed",
+                        "pred_sqls": e.pred_sqls,
+                        "verdict": e.verdict,
                     },
                     default=str,
                 )
@@ -511,14 +472,12 @@ def evaluate_policy(
             )
     if kind == "bird":
         official = {
-            e[
-                "task"
-            ].instance_id: f"{(e['pred_sqls'] or [''])[-1]}\t----- bird -----\t{e['task'].db_id}"
+            e.task_id: f"{(e.pred_sqls or [''])[-1]}\t----- bird -----\t{by_id[e.task_id].db_id}"
             for e in episodes
-            if e["sample"] == 0
+            if e.group == 0
         }
         (out_dir / "predict.json").write_text(json.dumps(official, indent=2))
-    summary = _summarize(episodes, n)
+    summary = _summarize(episodes, by_id, n)
     metric, task_word = _METRIC[kind]
     summary.update(metric=metric, task=task_word, suite=suite)
     if kind == "bird":

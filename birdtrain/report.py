@@ -15,8 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from birdtrain import require
 from birdtrain.config import STAGES
-from birdtrain.trajectories import TrajectoryStore
+from birdtrain.trajectory_store import TrajectoryStore
 
 __all__ = ["metrics_side_by_side", "write_report"]
 
@@ -53,9 +54,7 @@ def _series(rows: list[dict[str, Any]], *keys: str) -> tuple[list[float], list[f
 
 
 def _figure(path: Path, title: str, draw) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+    require("matplotlib").use("Agg")  # before pyplot: no display is needed or wanted
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.4), dpi=100)

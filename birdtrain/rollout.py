@@ -1,9 +1,9 @@
-"""Multi-turn rollouts of a policy over any ``gymnasium.vector.VectorEnv`` of ``BirdCriticEnv``.
+"""Multi-turn rollouts of a policy over any ``gymnasium.vector.VectorEnv`` of the birdenv envs.
 
 :func:`collect` runs ``num_generations`` rollouts of every task through a vector environment
 (:class:`~gymnasium.vector.SyncVectorEnv`, :class:`~gymnasium.vector.AsyncVectorEnv`, one a user
 builds, e.g. with :func:`birdenv.vector.make_vec`), one copy of the environment per rollout in
-flight, and returns one :class:`Trajectory` per rollout with its exact token accounting::
+flight, and returns one :class:`Episode` per rollout with its exact token accounting::
 
     prompt_ids  = template([user prompt], tools, add_generation_prompt=True)
     completion  = turn 1 (model, mask 1) + tool block 1 (template, mask 0) + turn 2 (model, mask 1) ...
@@ -11,6 +11,9 @@ flight, and returns one :class:`Trajectory` per rollout with its exact token acc
 The tokens of turn k are the ones the model sampled, never re-tokenized; the tokens between two
 turns are what the chat template adds for the tool message (closing the assistant turn, the tool
 response, opening the next assistant turn). Training sees exactly the ids the policy generated from.
+
+:class:`Episode` is also the record of evaluation episodes (reference agents, endpoints) and of
+the trajectory store. The policies live in :mod:`birdtrain.policies`.
 
 Scheduling: every copy of the vector env is a *slot*. A slot is reset explicitly on its rollout's
 task (``reset(options={"task_id": ..., "reset_mask": one_slot})``) and stepped with the model's
@@ -35,37 +38,26 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from birdenv.tools import TOOL_SCHEMAS, ToolCallError, parse_tool_call
+from birdtrain.policies import Policy
 
 __all__ = [
-    "Policy",
+    "Episode",
     "Rollouts",
     "Segment",
-    "Trajectory",
-    "TransformersPolicy",
-    "VLLMPolicy",
     "collect",
+    "prompt_ids",
+    "submitted",
+    "tool_suffix_ids",
 ]
 
 # Replaces an assistant turn's content while rendering the chat template, to find where the
 # template's own text around that turn begins and ends.
 _SENTINEL = "\u2063BIRDRL-TURN-SENTINEL\u2063"
-
-
-class Policy(Protocol):
-    """What :func:`collect` needs from a policy: a tokenizer and batched generation on token ids."""
-
-    tokenizer: Any
-
-    def generate(
-        self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
-    ) -> list[tuple[list[int], list[float]]]:
-        """For each context, the sampled tokens (ending with EOS when it stopped) and their logprobs."""
-        ...
 
 
 @dataclasses.dataclass
@@ -78,16 +70,19 @@ class Segment:
 
 
 @dataclasses.dataclass
-class Trajectory:
-    """One rollout: its conversation, token accounting, outcome and timings.
+class Episode:
+    """One episode of a task: its conversation, token accounting, outcome and timings.
 
-    ``dropped`` is True only when the rollout *broke* (an environment or worker error): it must
+    ``group`` numbers the episodes of one task (the GRPO group; the sample of pass@k).
+    ``dropped`` is True only when the episode *broke* (an environment or worker error): it must
     contribute nothing to training. Running out of turns or context is an ordinary truncation
-    (``truncated``, reward 0) and is kept.
+    (``truncated``, reward 0) and is kept. Episodes of policies that do not generate tokens here
+    (reference agents, endpoints) have no ``prompt_ids`` or ``segments``. ``pred_sqls`` is the
+    submission (see :func:`submitted`) once an evaluation has read it.
     """
 
     task_id: str
-    group: int
+    group: int = 0
     prompt_ids: list[int] = dataclasses.field(default_factory=list)
     segments: list[Segment] = dataclasses.field(default_factory=list)
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)
@@ -102,6 +97,7 @@ class Trajectory:
     generation_s: float = 0.0
     env_s: float = 0.0
     statement_s: list[float | None] = dataclasses.field(default_factory=list)
+    pred_sqls: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def completion_ids(self) -> list[int]:
@@ -128,178 +124,44 @@ class Trajectory:
         """Tokens in the context so far (prompt + completion)."""
         return len(self.prompt_ids) + sum(len(s.ids) for s in self.segments)
 
+    @property
+    def turn_tokens(self) -> list[int]:
+        """Tokens the policy generated in each turn (empty when it generated none here)."""
+        return [len(s.ids) for s in self.segments if s.generated]
+
+
+def submitted(messages: list[dict[str, Any]]) -> list[str]:
+    """The ``sql_list`` of a conversation's submission, or ``[]`` when it never submitted.
+
+    >>> from birdenv.tools import format_tool_call
+    >>> submitted([{"role": "assistant", "content": format_tool_call("submit_solution", sql_list=["SELECT 1"])}])
+    ['SELECT 1']
+    >>> submitted([{"role": "assistant", "content": "no call"}])
+    []
+    """
+    for message in reversed(messages):
+        if message["role"] != "assistant":
+            continue
+        try:
+            call = parse_tool_call(message["content"])
+        except ToolCallError:
+            return []
+        return call.arguments["sql_list"] if call.name == "submit_solution" else []
+    return []
+
 
 class Rollouts(list):
-    """The trajectories of one :func:`collect` call, plus the call's wall-clock split.
+    """The episodes of one :func:`collect` call, plus the call's wall-clock split.
 
     ``generation_s`` is time spent in ``policy.generate``, ``env_s`` in the vector env's ``reset``
     and ``step``; ``env_steps`` counts sub-environment steps that carried a model turn.
     """
 
-    def __init__(self, items: Sequence[Trajectory] = ()) -> None:
+    def __init__(self, items: Sequence[Episode] = ()) -> None:
         super().__init__(items)
         self.generation_s = 0.0
         self.env_s = 0.0
         self.env_steps = 0
-
-
-# --------------------------------------------------------------------------------------------
-# Policies
-
-
-def _trim_at_eos(ids: list[int], eos: set[int]) -> int:
-    """Length up to and including the first EOS (everything after it is padding)."""
-    for i, t in enumerate(ids):
-        if t in eos:
-            return i + 1
-    return len(ids)
-
-
-class TransformersPolicy:
-    """Batched sampling with ``transformers`` ``generate`` (left padding), with sampling logprobs.
-
-    Sampling uses the plain softmax at ``temperature`` (top-k and top-p off), so the logprobs are
-    those of the distribution the tokens were drawn from; ``temperature=0`` is greedy.
-    """
-
-    def __init__(self, model: Any, tokenizer: Any) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-
-    def generate(
-        self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
-    ) -> list[tuple[list[int], list[float]]]:
-        """Sample one turn for every context in ``batch``."""
-        import torch
-
-        tok = self.tokenizer
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        width = max(len(ids) for ids in batch)
-        device = next(self.model.parameters()).device
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
-        attention = torch.tensor(
-            [[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device
-        )
-        sampling: dict[str, Any] = (
-            {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-            if temperature > 0
-            else {"do_sample": False}
-        )
-        was_training = self.model.training
-        self.model.eval()  # no dropout while sampling
-        try:
-            with torch.no_grad():
-                out = self.model.generate(
-                    input_ids=input_ids,
-                    attention_mask=attention,
-                    max_new_tokens=max_new_tokens,
-                    pad_token_id=pad,
-                    eos_token_id=tok.eos_token_id,
-                    return_dict_in_generate=True,
-                    output_scores=True,  # the processed logits the tokens were sampled from
-                    # TRL turns the KV cache off for gradient checkpointing; sampling needs it.
-                    use_cache=True,
-                    **sampling,
-                )
-        finally:
-            self.model.train(was_training)
-        new = out.sequences[:, width:]
-        logps = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B, T, V]
-        chosen = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        results = []
-        for row, lp in zip(new.tolist(), chosen.tolist(), strict=True):
-            n = _trim_at_eos(row, {tok.eos_token_id})
-            results.append((row[:n], lp[:n]))
-        return results
-
-
-class VLLMPolicy:
-    """Generation through a ``GRPOTrainer``'s vLLM engine (``use_vllm=True``, colocate or server).
-
-    The trainer keeps vLLM's weights in sync before calling ``rollout_func``; sampling parameters
-    (temperature, per-turn ``max_completion_length``) are the trainer's. GPU machines only.
-    """
-
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
-        self.tokenizer = trainer.processing_class
-
-    def generate(
-        self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
-    ) -> list[tuple[list[int], list[float]]]:
-        """Sample one turn for every context in ``batch`` with vLLM."""
-        _, completion_ids, logprobs, _ = self.trainer.vllm_generation.generate(batch, None, 1)
-        results = []
-        for ids, lps in zip(completion_ids, logprobs, strict=True):
-            n = min(len(ids), max_new_tokens)
-            results.append(
-                (list(ids[:n]), [float("nan") if lp[0] is None else lp[0] for lp in lps[:n]])
-            )
-        return results
-
-
-class VLLMEnginePolicy:
-    """Batched sampling with a standalone ``vllm.LLM`` engine (evaluation on a GPU machine).
-
-    Contexts go in as token ids (``TokensPrompt``), so prompts are exactly the chat-template ids
-    :func:`collect` builds; ``logprobs=0`` asks vLLM for the sampled token's own logprob.
-    ``temperature=0`` is greedy, as in :class:`TransformersPolicy`. Needs the ``vllm`` extra.
-    """
-
-    def __init__(self, model_path: str, tokenizer: Any, **engine_kwargs: Any) -> None:
-        from vllm import LLM
-
-        self.tokenizer = tokenizer
-        self.llm = LLM(model=model_path, tokenizer=model_path, **engine_kwargs)
-
-    def generate(
-        self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
-    ) -> list[tuple[list[int], list[float]]]:
-        """Sample one turn for every context in ``batch`` with vLLM."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(
-            temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_new_tokens, logprobs=0
-        )
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=ids) for ids in batch], params, use_tqdm=False
-        )
-        results = []
-        for output in outputs:
-            sample = output.outputs[0]
-            ids = list(sample.token_ids)
-            steps = sample.logprobs or [{} for _ in ids]
-            logps = [
-                float(step[tok].logprob) if tok in step else float("nan")
-                for tok, step in zip(ids, steps, strict=True)
-            ]
-            results.append((ids, logps))
-        return results
-
-
-def generation_policy(model_path: str, *, engine: str = "auto") -> Any:
-    """The policy that generates for evaluation from a checkpoint: ``engine="vllm"``,
-    ``"transformers"``, or ``"auto"`` (vLLM when it is installed and CUDA is present)."""
-    import importlib.util
-
-    import torch
-
-    from birdtrain.models import load_policy, resolve_model
-
-    if engine not in ("auto", "vllm", "transformers"):
-        raise ValueError(f"engine must be auto, vllm or transformers, got {engine!r}")
-    has_vllm = importlib.util.find_spec("vllm") is not None
-    if engine == "auto":
-        engine = "vllm" if has_vllm and torch.cuda.is_available() else "transformers"
-    if engine == "transformers":
-        return TransformersPolicy(*load_policy(model_path))
-    if not has_vllm:
-        raise ImportError("engine 'vllm' needs the vllm extra: pip install 'bird-rl[vllm]'")
-    from transformers import AutoTokenizer
-
-    path = resolve_model(model_path)
-    return VLLMEnginePolicy(path, AutoTokenizer.from_pretrained(path))
 
 
 # --------------------------------------------------------------------------------------------
@@ -382,7 +244,7 @@ def _onehot(n: int, indices: list[int]) -> np.ndarray:
 
 @dataclasses.dataclass
 class _Slot:
-    traj: Trajectory | None = None
+    traj: Episode | None = None
     context: list[int] = dataclasses.field(default_factory=list)
     action: str | None = None  # the turn sent in the current step
     retried: bool = False
@@ -406,7 +268,7 @@ def collect(
 
     Args:
         envs: Any ``gymnasium.vector.VectorEnv`` of ``BirdCriticEnv`` (any autoreset mode).
-        policy: A :class:`Policy` (e.g. :class:`TransformersPolicy`).
+        policy: A :class:`Policy` (e.g. :class:`~birdtrain.policies.TransformersPolicy`).
         task_ids: Tasks to roll out; trajectory ``g`` of task ``t`` has ``task_id=t, group=g``.
         num_generations: Rollouts per task (the GRPO group size).
         max_turns: Assistant turns before a rollout is truncated (reward 0).
@@ -422,7 +284,7 @@ def collect(
     n = envs.num_envs
     mode = _autoreset_mode(envs)
     pending = deque(
-        Trajectory(task_id=str(t), group=g) for t in task_ids for g in range(num_generations)
+        Episode(task_id=str(t), group=g) for t in task_ids for g in range(num_generations)
     )
     done = Rollouts()
     order = {(t.task_id, t.group): k for k, t in enumerate(pending)}
@@ -469,7 +331,7 @@ def collect(
                 slots[i].last_task = task_id
         return results
 
-    def start(slot_index: int, traj: Trajectory, info: dict[str, Any]) -> None:
+    def start(slot_index: int, traj: Episode, info: dict[str, Any]) -> None:
         slot = slots[slot_index]
         if info.get("task_id") != traj.task_id:
             raise RuntimeError(

@@ -109,7 +109,7 @@ def _collect(envs: Any, policy: Any, task_ids: list[str], **kw: Any) -> rollout.
     return rollout.collect(envs, policy, task_ids, **{**options, **kw})
 
 
-def _check_accounting(traj: rollout.Trajectory, tokenizer: Any) -> None:
+def _check_accounting(traj: rollout.Episode, tokenizer: Any) -> None:
     """Mask-1 tokens are exactly the assistant turns; mask-0 tokens are the template's tool parts."""
     eos = tokenizer.eos_token
     assert len(traj.completion_ids) == len(traj.mask) == len(traj.logprobs)
@@ -319,7 +319,7 @@ def test_generation_policy_picks_an_engine_that_exists(tiny: Path) -> None:
 
     import torch
 
-    from birdtrain.rollout import TransformersPolicy, generation_policy
+    from birdtrain.policies import TransformersPolicy, generation_policy
 
     if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
         policy = generation_policy(str(tiny), engine="auto")

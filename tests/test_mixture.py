@@ -29,7 +29,7 @@ from birdtrain.data.mixture import (
     parse_mixture,
     resolve_mixture,
 )
-from birdtrain.trajectories import TrajectoryStore
+from birdtrain.trajectory_store import TrajectoryStore
 
 MIX = {"gym-mini": 0.7, "bird-mini-train": 0.3}
 

@@ -200,7 +200,7 @@ def test_stage2_per_turn_examples_label_one_turn_in_its_stage4_context(
     turn from (``rollout.prompt_ids`` of the messages before it); the labelled part is that turn
     and its end-of-turn token, nothing else.
     """
-    from birdtrain.data.trajectories import build_tool_trajectories, turn_examples
+    from birdtrain.data.tool_use import build_tool_trajectories, turn_examples
     from birdtrain.rollout import prompt_ids
     from birdtrain.stages import sft
 
@@ -301,7 +301,8 @@ def _rollout_first_turns(model_path: str, task_ids: list[str]) -> list[str]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from birdenv.vector import make_vec
-    from birdtrain.rollout import TransformersPolicy, collect
+    from birdtrain.policies import TransformersPolicy
+    from birdtrain.rollout import collect
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -346,7 +347,7 @@ def test_stage2_teaches_tool_calls_on_unseen_tasks(tmp_path: Path) -> None:
     untrained model emits no valid call on them. Measured on 2 cores: 20 steps, ~60-90 s in all.
     """
     from birdenv import load_tasks as load_suite
-    from birdtrain.data.trajectories import build_tool_trajectories
+    from birdtrain.data.tool_use import build_tool_trajectories
     from birdtrain.models import resolve_model
     from birdtrain.stages import sft
 

@@ -1,7 +1,7 @@
 """Synthetic data of stages 1 and 2, and the ``birdtrain synth`` entry point.
 
 - :func:`~birdtrain.data.reasoning.build_reasoning_examples`: stage-1 single-turn examples;
-- :func:`~birdtrain.data.trajectories.build_tool_trajectories`: stage-2 tool-use trajectories;
+- :func:`~birdtrain.data.tool_use.build_tool_trajectories`: stage-2 tool-use trajectories;
 - :class:`~birdtrain.data.teacher.Teacher`: an optional OpenAI-compatible endpoint for both;
 - :mod:`~birdtrain.data.bird`: the same two forms for BIRD text-to-SQL questions;
 - :mod:`~birdtrain.data.mixture`: mixtures of task sources by weight (``data.mixture``);
@@ -17,7 +17,7 @@ from typing import Any
 
 from birdtrain.data.reasoning import build_reasoning_examples
 from birdtrain.data.teacher import Teacher, TeacherError
-from birdtrain.data.trajectories import build_tool_trajectories
+from birdtrain.data.tool_use import build_tool_trajectories
 
 __all__ = [
     "Teacher",

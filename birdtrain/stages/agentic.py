@@ -36,14 +36,14 @@ from typing import Any
 
 from birdenv.tasks import Task
 from birdenv.vector import load_source, task_category
-from birdtrain import rollout
+from birdtrain import policies, rollout
 from birdtrain.stages import (
     save_checkpoint,
     silence_trl_experimental,
     trainer_device_args,
     write_metrics,
 )
-from birdtrain.trajectories import TrajectoryStore, episode_rows
+from birdtrain.trajectory_store import TrajectoryStore, episode_rows
 
 __all__ = ["build_dataset", "make_reward_func", "make_rollout_func", "run"]
 
@@ -80,7 +80,7 @@ def build_dataset(tasks: Sequence[Task]) -> Any:
     )
 
 
-def _reward_of(traj: rollout.Trajectory, mode: str) -> float | None:
+def _reward_of(traj: rollout.Episode, mode: str) -> float | None:
     """The GRPO reward of a trajectory: None when it broke, else from the judge's verdict."""
     if traj.dropped:
         return None
@@ -101,7 +101,7 @@ def make_rollout_func(
     (consecutively); we roll each distinct task out ``num_generations`` times and hand the
     trajectories back in the prompts' order. ``policy(trainer) -> Policy`` replaces the trainer's
     own model as the actor (scripted baselines, tests); by default the trainer's model generates
-    (vLLM when ``stage.use_vllm``). With a ``store`` (a :class:`~birdtrain.trajectories.TrajectoryStore`)
+    (vLLM when ``stage.use_vllm``). With a ``store`` (a :class:`~birdtrain.trajectory_store.TrajectoryStore`)
     every rollout is appended to it, one row per turn.
     """
 
@@ -111,12 +111,12 @@ def make_rollout_func(
         counts = {t: task_ids.count(t) for t in unique}
         group = max(counts.values())
         if policy is not None:
-            actor: rollout.Policy = policy(trainer)
+            actor: policies.Policy = policy(trainer)
         elif stage.use_vllm:
-            actor = rollout.VLLMPolicy(trainer)
+            actor = policies.VLLMPolicy(trainer)
         else:
             model = trainer.accelerator.unwrap_model(trainer.model)
-            actor = rollout.TransformersPolicy(model, trainer.processing_class)
+            actor = policies.TransformersPolicy(model, trainer.processing_class)
         trajectories = rollout.collect(
             envs,
             actor,
@@ -133,18 +133,13 @@ def make_rollout_func(
                 row
                 for traj in trajectories
                 for row in episode_rows(
-                    traj.messages,
-                    task_id=traj.task_id,
+                    traj,
                     category=(categories or {}).get(traj.task_id, ""),
-                    reward=None if traj.dropped else traj.reward,
-                    verdict=(traj.verdict or {}).get("status"),
                     stage="stage4",
                     step=step,
-                    tokens=[len(s.ids) for s in traj.segments if s.generated],
-                    env_seconds=traj.statement_s,
                 )
             )
-        queues: dict[str, list[rollout.Trajectory]] = {t: [] for t in unique}
+        queues: dict[str, list[rollout.Episode]] = {t: [] for t in unique}
         for traj in trajectories:
             queues[traj.task_id].append(traj)
         ordered = [queues[t].pop(0) for t in task_ids]
@@ -265,7 +260,7 @@ def run(
             :func:`birdenv.vector.make_vec` (``cfg.stage4.vector``, ``num_envs``, ``reward``): of
             ``BirdCriticEnv``, ``BirdSQLEnv``, or both in ``MixedTaskEnv`` copies. A caller's env
             is left open; ours is closed.
-        policy: Optional ``policy(trainer) -> rollout.Policy`` acting instead of the trained model
+        policy: Optional ``policy(trainer) -> policies.Policy`` acting instead of the trained model
             (a scripted baseline or a test); the loss is still the trained model's.
 
     Returns:

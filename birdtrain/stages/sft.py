@@ -7,7 +7,7 @@
 - **Stage 2, tool-use imitation.** Trajectories ``{"messages": [...], "tools": TOOL_SCHEMAS,
   "task_id"}`` where ``messages`` is exactly a BirdCriticEnv episode's ``info["messages"]``. With
   ``stage2.turns="each"`` (the default) every assistant turn becomes its own prompt-completion
-  example (:func:`birdtrain.data.trajectories.turn_examples`): the conversation before it is the
+  example (:func:`birdtrain.data.tool_use.turn_examples`): the conversation before it is the
   prompt, the turn the completion and the only labelled tokens. This is what teaches a policy the
   call format quickly (each opening turn is an example of its own, not one span in a long chat)
   and what keeps a short ``max_length`` from cutting every turn after the limit.
@@ -81,7 +81,7 @@ def build_dataset(
                 f"{sorted(rows[missing[0]])}"
             )
         if turns in ("each", "first"):
-            from birdtrain.data.trajectories import turn_examples
+            from birdtrain.data.tool_use import turn_examples
 
             return Dataset.from_list(
                 [

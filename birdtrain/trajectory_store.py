@@ -20,9 +20,12 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from birdenv.tools import ToolCallError, parse_tool_call
+
+if TYPE_CHECKING:
+    from birdtrain.rollout import Episode
 
 __all__ = ["COLUMNS", "TrajectoryStore", "episode_rows"]
 
@@ -49,26 +52,17 @@ COLUMNS: dict[str, str] = {
 }
 
 
-def _at(values: list | None, index: int) -> Any:
-    return values[index] if values is not None and index < len(values) else None
-
-
 def episode_rows(
-    messages: list[dict[str, Any]],
-    *,
-    task_id: str,
-    category: str,
-    reward: float | None,
-    verdict: str | None,
-    run: str = "",
-    stage: str = "eval",
-    step: int = 0,
-    tokens: list[int] | None = None,
-    gen_seconds: list[float] | None = None,
-    env_seconds: list[float] | None = None,
+    episode: Episode, *, category: str, run: str = "", stage: str = "eval", step: int = 0
 ) -> list[dict[str, Any]]:
-    """One row per assistant turn of an environment conversation (``info["messages"]``)."""
-    episode = uuid.uuid4().hex[:12]
+    """One row per assistant turn of an :class:`~birdtrain.rollout.Episode`'s conversation.
+
+    The last row carries the verdict and the reward (None when the episode broke).
+    """
+    messages = episode.messages
+    tokens = episode.turn_tokens
+    seconds = episode.statement_s
+    row_id = uuid.uuid4().hex[:12]
     rows = []
     turn = 0
     for i, message in enumerate(messages):
@@ -90,8 +84,8 @@ def episode_rows(
                 "run": run,
                 "stage": stage,
                 "step": step,
-                "episode": episode,
-                "task_id": task_id,
+                "episode": row_id,
+                "task_id": episode.task_id,
                 "category": category,
                 "turn": turn,
                 "action": message["content"],
@@ -101,22 +95,16 @@ def episode_rows(
                 "error": error,
                 "verdict": None,
                 "reward": None,
-                "tokens": (tokens or [None] * (turn + 1))[turn]
-                if tokens and turn < len(tokens)
-                else None,
-                "gen_seconds": gen_seconds[turn]
-                if gen_seconds and turn < len(gen_seconds)
-                else None,
-                "env_seconds": env_seconds[turn]
-                if env_seconds and turn < len(env_seconds)
-                else None,
+                "tokens": tokens[turn] if turn < len(tokens) else None,
+                "gen_seconds": None,
+                "env_seconds": seconds[turn] if turn < len(seconds) else None,
                 "created": time.time(),
             }
         )
         turn += 1
     if rows:
-        rows[-1]["verdict"] = verdict
-        rows[-1]["reward"] = reward
+        rows[-1]["verdict"] = (episode.verdict or {}).get("status")
+        rows[-1]["reward"] = None if episode.dropped else episode.reward
     return rows
 
 

@@ -1,0 +1,241 @@
+"""The curriculum runner: the run directory, resuming, the stage order and the evaluations
+between stages.
+
+A run directory ``{output_dir}/{name}/`` holds ``config.json`` (the resolved configuration and the
+git commit), ``data/`` (synthesized examples), ``stage1/`` … ``stage4/`` (each with ``metrics.jsonl``,
+``checkpoint/`` and ``DONE`` once complete) and ``eval/`` (``eval/<label>/`` the debugging
+evaluation, ``eval/<label>-bird/`` execution accuracy on BIRD questions when there are any), and
+``mixture.json`` when ``data.mixture`` is ``auto``. Rerunning resumes: completed stages are
+skipped and the next one starts from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from birdtrain.config import STAGES
+
+__all__ = ["prepare_run", "run_curriculum", "run_stage", "start_checkpoint", "synthesize"]
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def prepare_run(cfg: Any, *, mixture: bool = True) -> Path:
+    """Create the run directory and record the configuration and git commit in ``config.json``.
+
+    With ``mixture``, ``data.mixture: auto`` is settled too (see :func:`_resolve_mixture`).
+    """
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "config": cfg.to_dict(),
+        "git_commit": _git_commit(),
+        "python": sys.version.split()[0],
+    }
+    (run_dir / "config.json").write_text(json.dumps(record, indent=2))
+    if mixture:
+        _resolve_mixture(cfg, run_dir)
+    return run_dir
+
+
+def _tasks(cfg: Any, which: str) -> list:
+    """The training tasks (a mixture's draw, or the train suite), the evaluation tasks (either
+    kind), or ``"bird_eval"``: the BIRD questions scored for execution accuracy (may be empty)."""
+    from birdenv.vector import load_source
+    from birdtrain.data import load_train_tasks
+
+    if which == "train":
+        return load_train_tasks(cfg)
+    if which == "bird_eval":
+        suite = _bird_eval_suite(cfg)
+        if suite is None:
+            return []
+        tasks = load_source(suite, db_dir=cfg.data.bird_db_root)
+    else:
+        tasks = load_source(cfg.data.eval_suite, db_dir=cfg.data.eval_db_dir)
+    return tasks[: cfg.eval.max_tasks] if cfg.eval.max_tasks else tasks
+
+
+def _bird_eval_suite(cfg: Any) -> str | None:
+    """``data.bird_eval_suite``; ``auto``: bird-mini-eval when training sees BIRD questions."""
+    from birdenv.bird import BIRD_SUITES
+
+    suite = cfg.data.bird_eval_suite
+    if suite != "auto":
+        return suite or None
+    mixture = cfg.data.mixture
+    if mixture == "auto":
+        names = list(cfg.data.mixture_sources)
+    else:
+        names = list(mixture) if mixture else [cfg.data.train_suite]
+    if cfg.data.eval_suite in BIRD_SUITES:
+        return None  # the main evaluation already scores BIRD questions
+    return "bird-mini-eval" if any(_is_bird_source(n, cfg) for n in names) else None
+
+
+def _is_bird_source(name: str, cfg: Any) -> bool:
+    from birdenv.bird import BIRD_SUITES
+    from birdenv.vector import load_source, task_kind
+
+    if name in BIRD_SUITES:
+        return True
+    tasks = load_source(name, db_dir=cfg.data.db_dir)
+    return bool(tasks) and task_kind(tasks[0]) == "bird"
+
+
+def _resolve_mixture(cfg: Any, run_dir: Path) -> None:
+    """``data.mixture: auto`` becomes the weights of the run's ``mixture.json`` (estimated once)."""
+    if cfg.data.mixture == "auto":
+        from birdtrain.data.mixture import resolve_mixture
+
+        print("[mixture] estimating the weights (data.mixture: auto)")
+        weights = resolve_mixture(cfg, run_dir)
+        print(f"[mixture] weights: {weights} (evidence in {run_dir / 'mixture.json'})")
+
+
+def synthesize(cfg: Any, run_dir: Path) -> dict[str, Any]:
+    """Synthesize the stage-1 and stage-2 data into ``run_dir/data`` once; return the counts."""
+    from birdtrain.data import synth
+
+    data_dir = run_dir / "data"
+    done = data_dir / "DONE"
+    if done.is_file():
+        return json.loads(done.read_text())
+    counts = synth(cfg, data_dir)
+    done.write_text(json.dumps(counts))
+    return counts
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_stage(cfg: Any, stage: str, model_path: str, run_dir: Path) -> str:
+    """Run one stage unless its DONE marker exists; return the checkpoint the next stage starts from."""
+    out_dir = run_dir / stage
+    done = out_dir / "DONE"
+    if done.is_file():
+        print(f"[{stage}] already complete: {out_dir / 'checkpoint'}")
+        return str(out_dir / "checkpoint")
+    if not getattr(cfg, stage).enabled:
+        print(f"[{stage}] disabled in the configuration; skipped")
+        return model_path
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    print(f"[{stage}] starting from {model_path}")
+    if stage in ("stage1", "stage2"):
+        from birdtrain.stages import sft
+
+        synthesize(cfg, run_dir)
+        examples = _read_jsonl(run_dir / "data" / f"{stage}.jsonl")
+        checkpoint = sft.run(
+            cfg, model_path=model_path, out_dir=out_dir, examples=examples, stage=int(stage[-1])
+        )
+    elif stage == "stage3":
+        from birdtrain.stages import grpo
+
+        checkpoint = grpo.run(
+            cfg, model_path=model_path, out_dir=out_dir, tasks=_tasks(cfg, "train")
+        )
+    else:
+        from birdtrain.stages import agentic
+
+        checkpoint = agentic.run(
+            cfg, model_path=model_path, out_dir=out_dir, tasks=_tasks(cfg, "train")
+        )
+    elapsed = time.perf_counter() - started
+    done.write_text(json.dumps({"checkpoint": str(checkpoint), "seconds": round(elapsed, 1)}))
+    print(f"[{stage}] done in {elapsed:.1f} s: {checkpoint}")
+    return str(checkpoint)
+
+
+def start_checkpoint(cfg: Any, run_dir: Path, before: str) -> str:
+    """The checkpoint a stage starts from: the latest completed earlier stage, else the base model."""
+    from birdtrain.models import resolve_model
+
+    for stage in reversed(STAGES[: STAGES.index(before)]):
+        if (run_dir / stage / "DONE").is_file():
+            return str(run_dir / stage / "checkpoint")
+    return resolve_model(cfg.model.name_or_path)
+
+
+def _evaluate(cfg: Any, model_path: str, run_dir: Path, label: str) -> dict[str, Any] | None:
+    if not cfg.eval.enabled:
+        return None
+    summary = _evaluate_on(
+        cfg, model_path, run_dir, label, _tasks(cfg, "eval"), label, cfg.data.eval_suite
+    )
+    bird = _tasks(cfg, "bird_eval")
+    if bird:
+        # Generation beside debugging: execution accuracy on BIRD questions, same policy and turns.
+        summary = dict(summary)
+        summary["generation"] = _evaluate_on(
+            cfg, model_path, run_dir, label, bird, f"{label}-bird", _bird_eval_suite(cfg)
+        )
+    return summary
+
+
+def _evaluate_on(
+    cfg: Any, model_path: str, run_dir: Path, label: str, tasks: list, folder: str, suite: str
+) -> dict[str, Any]:
+    from birdtrain.evaluate import evaluate_policy
+
+    out_dir = run_dir / "eval" / folder
+    summary_path = out_dir / "summary.json"
+    if summary_path.is_file():
+        return json.loads(summary_path.read_text())
+    return evaluate_policy(
+        model_path,
+        tasks=tasks,
+        out_dir=out_dir,
+        mode="agent",
+        max_turns=cfg.eval.max_turns,
+        max_new_tokens=cfg.eval.max_new_tokens,
+        temperature=cfg.eval.temperature,
+        label=label,
+        suite=suite,
+    )
+
+
+def run_curriculum(cfg: Any) -> dict[str, Any]:
+    """Run (or resume) stages 1→4, evaluating before and after the stages of ``eval.after``.
+
+    Returns the summaries: ``before``, ``after_<stage>`` for each stage of ``eval.after``,
+    ``after`` (the final model's, when stage 4 is evaluated) and ``run_dir``.
+    """
+    from birdtrain.models import resolve_model
+    from birdtrain.report import write_report
+
+    run_dir = prepare_run(cfg)
+    base = resolve_model(cfg.model.name_or_path)
+    results: dict[str, Any] = {"run_dir": str(run_dir), "mixture": cfg.data.mixture}
+    results["before"] = _evaluate(cfg, base, run_dir, "before") if cfg.eval.before else None
+    model_path = start_checkpoint(cfg, run_dir, "stage1")
+    for stage in STAGES:
+        model_path = run_stage(cfg, stage, model_path, run_dir)
+        if stage in cfg.eval.after:
+            label = f"after_{stage}"
+            results[label] = _evaluate(cfg, model_path, run_dir, label)
+    # "after": the evaluation of the final model, when eval.after asks for one.
+    results["after"] = results.get(f"after_{STAGES[-1]}")
+    results["report"] = str(write_report(run_dir))
+    (run_dir / "summary.json").write_text(json.dumps(results, indent=2, default=str))
+    return results

@@ -1,0 +1,233 @@
+"""Generation policies: what produces an agent's turns during rollouts and evaluation.
+
+- Token-level policies (:class:`Policy`) for :func:`birdtrain.rollout.collect`:
+  :class:`TransformersPolicy` (``transformers`` ``generate``), :class:`VLLMPolicy` (a
+  ``GRPOTrainer``'s vLLM engine) and :class:`VLLMEnginePolicy` (a standalone ``vllm.LLM``);
+  :func:`generation_policy` picks one for a checkpoint.
+- :class:`EndpointPolicy`: a model behind an OpenAI-compatible chat endpoint, which acts on the
+  environment's conversation instead of token ids (the server owns its tokenizer).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from birdenv.errors import MissingExtraError
+from birdenv.tools import TOOL_SCHEMAS
+
+__all__ = [
+    "EndpointPolicy",
+    "Policy",
+    "TransformersPolicy",
+    "VLLMEnginePolicy",
+    "VLLMPolicy",
+    "generation_policy",
+]
+
+
+class Policy(Protocol):
+    """What :func:`collect` needs from a policy: a tokenizer and batched generation on token ids."""
+
+    tokenizer: Any
+
+    def generate(
+        self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
+    ) -> list[tuple[list[int], list[float]]]:
+        """For each context, the sampled tokens (ending with EOS when it stopped) and their logprobs."""
+        ...
+
+
+def _trim_at_eos(ids: list[int], eos: set[int]) -> int:
+    """Length up to and including the first EOS (everything after it is padding)."""
+    for i, t in enumerate(ids):
+        if t in eos:
+            return i + 1
+    return len(ids)
+
+
+class TransformersPolicy:
+    """Batched sampling with ``transformers`` ``generate`` (left padding), with sampling logprobs.
+
+    Sampling uses the plain softmax at ``temperature`` (top-k and top-p off), so the logprobs are
+    those of the distribution the tokens were drawn from; ``temperature=0`` is greedy.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+
+    def generate(
+        self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
+    ) -> list[tuple[list[int], list[float]]]:
+        """Sample one turn for every context in ``batch``."""
+        import torch
+
+        tok = self.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        width = max(len(ids) for ids in batch)
+        device = next(self.model.parameters()).device
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
+        attention = torch.tensor(
+            [[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device
+        )
+        sampling: dict[str, Any] = (
+            {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+            if temperature > 0
+            else {"do_sample": False}
+        )
+        was_training = self.model.training
+        self.model.eval()  # no dropout while sampling
+        try:
+            with torch.no_grad():
+                out = self.model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=pad,
+                    eos_token_id=tok.eos_token_id,
+                    return_dict_in_generate=True,
+                    output_scores=True,  # the processed logits the tokens were sampled from
+                    # TRL turns the KV cache off for gradient checkpointing; sampling needs it.
+                    use_cache=True,
+                    **sampling,
+                )
+        finally:
+            self.model.train(was_training)
+        new = out.sequences[:, width:]
+        logps = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B, T, V]
+        chosen = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        results = []
+        for row, lp in zip(new.tolist(), chosen.tolist(), strict=True):
+            n = _trim_at_eos(row, {tok.eos_token_id})
+            results.append((row[:n], lp[:n]))
+        return results
+
+
+class VLLMPolicy:
+    """Generation through a ``GRPOTrainer``'s vLLM engine (``use_vllm=True``, colocate or server).
+
+    The trainer keeps vLLM's weights in sync before calling ``rollout_func``; sampling parameters
+    (temperature, per-turn ``max_completion_length``) are the trainer's. GPU machines only.
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self.tokenizer = trainer.processing_class
+
+    def generate(
+        self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
+    ) -> list[tuple[list[int], list[float]]]:
+        """Sample one turn for every context in ``batch`` with vLLM."""
+        _, completion_ids, logprobs, _ = self.trainer.vllm_generation.generate(batch, None, 1)
+        results = []
+        for ids, lps in zip(completion_ids, logprobs, strict=True):
+            n = min(len(ids), max_new_tokens)
+            results.append(
+                (list(ids[:n]), [float("nan") if lp[0] is None else lp[0] for lp in lps[:n]])
+            )
+        return results
+
+
+class VLLMEnginePolicy:
+    """Batched sampling with a standalone ``vllm.LLM`` engine (evaluation on a GPU machine).
+
+    Contexts go in as token ids (``TokensPrompt``), so prompts are exactly the chat-template ids
+    :func:`birdtrain.rollout.collect` builds; ``logprobs=0`` asks vLLM for the sampled token's own logprob.
+    ``temperature=0`` is greedy, as in :class:`TransformersPolicy`. Needs the ``vllm`` extra.
+    """
+
+    def __init__(self, model_path: str, tokenizer: Any, **engine_kwargs: Any) -> None:
+        from vllm import LLM
+
+        self.tokenizer = tokenizer
+        self.llm = LLM(model=model_path, tokenizer=model_path, **engine_kwargs)
+
+    def generate(
+        self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
+    ) -> list[tuple[list[int], list[float]]]:
+        """Sample one turn for every context in ``batch`` with vLLM."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(
+            temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_new_tokens, logprobs=0
+        )
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in batch], params, use_tqdm=False
+        )
+        results = []
+        for output in outputs:
+            sample = output.outputs[0]
+            ids = list(sample.token_ids)
+            steps = sample.logprobs or [{} for _ in ids]
+            logps = [
+                float(step[tok].logprob) if tok in step else float("nan")
+                for tok, step in zip(ids, steps, strict=True)
+            ]
+            results.append((ids, logps))
+        return results
+
+
+def generation_policy(model_path: str, *, engine: str = "auto") -> Any:
+    """The policy that generates for evaluation from a checkpoint: ``engine="vllm"``,
+    ``"transformers"``, or ``"auto"`` (vLLM when it is installed and CUDA is present)."""
+    import importlib.util
+
+    import torch
+
+    from birdtrain.models import load_policy, resolve_model
+
+    if engine not in ("auto", "vllm", "transformers"):
+        raise ValueError(f"engine must be auto, vllm or transformers, got {engine!r}")
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    if engine == "auto":
+        engine = "vllm" if has_vllm and torch.cuda.is_available() else "transformers"
+    if engine == "transformers":
+        return TransformersPolicy(*load_policy(model_path))
+    if not has_vllm:
+        raise MissingExtraError("vllm", "vllm")
+    from transformers import AutoTokenizer
+
+    path = resolve_model(model_path)
+    return VLLMEnginePolicy(path, AutoTokenizer.from_pretrained(path))
+
+
+class EndpointPolicy:
+    """A model behind an OpenAI-compatible ``/v1/chat/completions`` endpoint, as an agent.
+
+    ``name`` is the endpoint's model name: evaluations are labelled with it. Built from the spec
+    ``endpoint:MODEL@URL`` with :meth:`from_spec`.
+
+    >>> EndpointPolicy.from_spec("endpoint:qwen@http://127.0.0.1:8000").name
+    'qwen'
+    """
+
+    PREFIX = "endpoint:"
+
+    def __init__(self, url: str, model: str, *, api_key: str | None = None) -> None:
+        from birdtrain.data.teacher import Teacher
+
+        self.client = Teacher(url, model, api_key=api_key)
+        self.name = model
+
+    @classmethod
+    def from_spec(cls, spec: str) -> EndpointPolicy:
+        """The policy of ``endpoint:MODEL@URL``."""
+        model, _, url = spec.removeprefix(cls.PREFIX).partition("@")
+        if not spec.startswith(cls.PREFIX) or not model or not url:
+            raise ValueError(f"an endpoint policy is written 'endpoint:MODEL@URL', got {spec!r}")
+        return cls(url, model)
+
+    def turn(
+        self, messages: list[dict[str, Any]], *, max_new_tokens: int, temperature: float
+    ) -> str:
+        """The next assistant turn of an environment conversation (``info["messages"]``)."""
+        return self.client.chat(
+            messages, tools=TOOL_SCHEMAS, temperature=temperature, max_tokens=max_new_tokens
+        )
+
+    def answer(
+        self, messages: list[dict[str, Any]], *, max_new_tokens: int, temperature: float
+    ) -> str:
+        """A single-shot reply to ``messages``, without tools."""
+        return self.client.chat(messages, temperature=temperature, max_tokens=max_new_tokens)
