@@ -55,3 +55,7 @@ class MissingExtraError(BirdEnvError, ImportError):
             f"{module} is not installed; install it with: pip install 'bird-rl[{extra}]'"
         )
         self.name = module
+
+
+class SchemaError(BirdEnvError, ValueError):
+    """A schema prompt was asked for with an invalid setting or a table the database lacks."""

@@ -1,18 +1,107 @@
-"""The schema prompt of a database, rendered the way BIRD-CRITIC renders it.
+"""The schema prompt of a database: the full form BIRD-CRITIC renders, or a linked one.
 
 For every table: its ``CREATE`` statement, then ``First 3 rows:`` and a right-aligned text table of
 its first rows (the benchmark's prompts print a pandas frame without index; this is the same layout
 without pandas). Views and triggers follow as their ``CREATE`` statements.
+
+A prompt is set by one :class:`PromptOptions`, shared by the environments, synthesis, training
+and evaluation so that a model is tested on the prompts it learned from:
+
+- ``schema="full"`` (default, the benchmark's form): every table, view and trigger;
+- ``schema="linked"``: only the tables a task names (:func:`linked_tables`) and their
+  foreign-key neighbours, with the views and triggers that touch them. A small model's prompt on
+  critic-mini shrinks several times (benchmarks/README.md, "Prompt sizes");
+- ``sample_rows=False``: no ``First 3 rows`` blocks.
+
+:func:`task_schema` renders the schema part of a task's prompt under those options.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import re
 import sqlite3
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["render_schema", "text_table"]
+from birdenv.errors import SchemaError
+from birdenv.sql import fold, referenced_tables
+
+__all__ = [
+    "SAMPLE_ROWS",
+    "SCHEMA_MODES",
+    "PromptOptions",
+    "linked_tables",
+    "render_schema",
+    "task_schema",
+    "text_table",
+]
+
+#: Schema modes of :class:`PromptOptions`: every table, or those a task names plus neighbours.
+SCHEMA_MODES: Final = ("full", "linked")
+#: Rows shown per table when sample rows are on (the benchmark's three).
+SAMPLE_ROWS: Final = 3
+# Names shorter than this are not matched in a question's words ("id" is in every table).
+_MIN_NAME: Final = 3
+_WORDS = re.compile(r"[A-Za-z0-9]+")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptOptions:
+    """How a task's prompt shows its database; one setting for every stage that builds prompts.
+
+    >>> PromptOptions(schema="linked", sample_rows=False)
+    PromptOptions(schema='linked', sample_rows=False)
+    >>> PromptOptions(schema="short")
+    Traceback (most recent call last):
+    ...
+    birdenv.errors.SchemaError: schema must be one of 'full', 'linked'; got 'short'
+    """
+
+    #: ``"full"`` (every table, the benchmark's form) or ``"linked"`` (see :func:`linked_tables`).
+    schema: str = "full"
+    #: Whether each table is followed by its first three rows.
+    sample_rows: bool = True
+
+    def __post_init__(self) -> None:
+        if self.schema not in SCHEMA_MODES:
+            raise SchemaError(
+                f"schema must be one of {', '.join(map(repr, SCHEMA_MODES))}; got {self.schema!r}"
+            )
+        if not isinstance(self.sample_rows, bool):
+            raise SchemaError(f"sample_rows must be True or False; got {self.sample_rows!r}")
+
+    @classmethod
+    def of(cls, value: PromptOptions | Mapping[str, Any] | None) -> PromptOptions:
+        """Options from what a caller or a config file gives: options, a mapping, or None
+        (the defaults).
+
+        >>> PromptOptions.of({"schema": "linked"})
+        PromptOptions(schema='linked', sample_rows=True)
+        >>> PromptOptions.of({"rows": 0})
+        Traceback (most recent call last):
+        ...
+        birdenv.errors.SchemaError: unknown prompt option 'rows'; the options are schema, sample_rows
+        """
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise SchemaError(
+                f"prompt options must be PromptOptions or a mapping; got {type(value).__name__}"
+            )
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in value if k not in names]
+        if unknown:
+            raise SchemaError(
+                f"unknown prompt option {', '.join(map(repr, unknown))}; "
+                f"the options are {', '.join(names)}"
+            )
+        return cls(**value)
 
 
 def _cell(value: Any) -> str:
@@ -45,30 +134,187 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+@dataclasses.dataclass(frozen=True)
+class _Object:
+    """A table, view or trigger of a database, with what the linked form needs to know of it."""
+
+    kind: str
+    name: str
+    sql: str
+    columns: tuple[str, ...] = ()
+    #: Folded names of the tables it is linked to: FK targets (a table), or what it reads and
+    #: writes (a view or trigger).
+    refs: frozenset[str] = frozenset()
+
+
 @functools.lru_cache(maxsize=64)
-def _render(path: str, mtime_ns: int, rows: int) -> str:
+def _catalog(path: str, mtime_ns: int) -> tuple[_Object, ...]:
+    """Tables, views and triggers of a database, in the order the prompt shows them."""
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        objects = conn.execute(
+        rows = conn.execute(
             "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL "
             "AND name NOT LIKE 'sqlite_%' AND type IN ('table', 'view', 'trigger') "
             "ORDER BY CASE type WHEN 'table' THEN 0 WHEN 'view' THEN 1 ELSE 2 END, rowid"
         ).fetchall()
-        parts = []
-        for kind, name, sql in objects:
-            if kind != "table":
-                parts.append(f"{sql};")
-                continue
-            cursor = conn.execute(f"SELECT * FROM {_quote(name)} LIMIT {rows}")
-            columns = [d[0] for d in cursor.description]
-            sample = cursor.fetchall()
-            parts.append(f"{sql};\n\nFirst {rows} rows:\n{text_table(columns, sample)}\n")
-        return "\n\n".join(parts)
+        objects = []
+        for kind, name, sql in rows:
+            if kind == "table":
+                columns = tuple(r[1] for r in conn.execute(f"PRAGMA table_info({_quote(name)})"))
+                targets = {r[2] for r in conn.execute(f"PRAGMA foreign_key_list({_quote(name)})")}
+                refs = frozenset(fold(t) for t in targets)
+                objects.append(_Object(kind, name, sql, columns, refs))
+            else:
+                refs = frozenset(fold(t) for t in referenced_tables(sql))
+                objects.append(_Object(kind, name, sql, refs=refs))
+        return tuple(objects)
     finally:
         conn.close()
 
 
-def render_schema(db_path: str | Path, *, rows: int = 3) -> str:
-    """The schema text of a database: CREATE statements plus the first ``rows`` rows of each table."""
+def _database(db_path: str | Path) -> tuple[str, int]:
     path = Path(db_path)
-    return _render(str(path.resolve()), path.stat().st_mtime_ns, rows)
+    return str(path.resolve()), path.stat().st_mtime_ns
+
+
+@functools.lru_cache(maxsize=256)
+def _render(path: str, mtime_ns: int, rows: int, tables: frozenset[str] | None) -> str:
+    parts = []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        for obj in _catalog(path, mtime_ns):
+            if tables is not None:
+                mine = {fold(obj.name)} if obj.kind == "table" else obj.refs
+                if not mine & tables:
+                    continue
+            if obj.kind != "table" or rows <= 0:
+                parts.append(f"{obj.sql};")
+                continue
+            cursor = conn.execute(f"SELECT * FROM {_quote(obj.name)} LIMIT {rows}")
+            columns = [d[0] for d in cursor.description]
+            sample = cursor.fetchall()
+            parts.append(f"{obj.sql};\n\nFirst {rows} rows:\n{text_table(columns, sample)}\n")
+    finally:
+        conn.close()
+    return "\n\n".join(parts)
+
+
+def render_schema(
+    db_path: str | Path, *, rows: int = SAMPLE_ROWS, tables: Iterable[str] | None = None
+) -> str:
+    """The schema text of a database: CREATE statements plus the first ``rows`` rows of each table.
+
+    ``rows=0`` shows no rows and no ``First N rows`` heading. ``tables`` (names, compared as
+    SQLite compares them) keeps only those tables and the views and triggers that touch one of
+    them; ``None`` keeps everything.
+
+    Raises:
+        SchemaError: ``tables`` names a table the database does not have, or ``rows`` < 0.
+    """
+    if rows < 0:
+        raise SchemaError(f"rows must be 0 or more; got {rows}")
+    path, mtime_ns = _database(db_path)
+    keep = None
+    if tables is not None:
+        keep = frozenset(fold(t) for t in tables)
+        known = {fold(o.name) for o in _catalog(path, mtime_ns) if o.kind == "table"}
+        if keep - known:
+            raise SchemaError(
+                f"{db_path} has no table {', '.join(sorted(map(repr, keep - known)))}; "
+                f"its tables are {', '.join(sorted(known))}"
+            )
+    return _render(path, mtime_ns, rows, keep)
+
+
+def _keys(text: str) -> set[str]:
+    """The lookup keys of a name or of a text: its words, lower-cased and singular, and runs of
+    two or three adjacent words joined (``district name`` also gives ``districtname``)."""
+    words = [_singular(w.lower()) for w in _WORDS.findall(_CAMEL.sub(" ", text))]
+    keys = set(words)
+    for n in (2, 3):
+        keys.update("".join(words[i : i + n]) for i in range(len(words) - n + 1))
+    return keys
+
+
+def _singular(word: str) -> str:
+    if len(word) > 4 and word.endswith("ies"):
+        return word[:-3] + "y"
+    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word
+
+
+def _name_key(name: str) -> str:
+    """One key for a table or column name: its words (camelCase and ``_`` split) run together."""
+    words = [_singular(w.lower()) for w in _WORDS.findall(_CAMEL.sub(" ", name))]
+    return "".join(words)
+
+
+@functools.lru_cache(maxsize=1024)
+def _linked(path: str, mtime_ns: int, sql: tuple[str, ...], text: str) -> tuple[str, ...]:
+    catalog = _catalog(path, mtime_ns)
+    tables = [o for o in catalog if o.kind == "table"]
+    named = {fold(t) for t in referenced_tables(sql)}
+    for view in catalog:
+        if view.kind == "view" and fold(view.name) in named:
+            named |= view.refs  # a view stands for the tables it reads
+    if text:
+        words = _keys(text)
+        for table in tables:
+            keys = [_name_key(table.name)]
+            keys += [_name_key(c) for c in table.columns]
+            if any(len(k) >= _MIN_NAME and k in words for k in keys):
+                named.add(fold(table.name))
+    named &= {fold(t.name) for t in tables}
+    if not named:
+        return tuple(t.name for t in tables)
+    # One hop along foreign keys, both ways: tables this one points at, and those pointing at it.
+    linked = set(named)
+    for table in tables:
+        me = fold(table.name)
+        if me in named:
+            linked |= table.refs
+        elif table.refs & named:
+            linked.add(me)
+    return tuple(t.name for t in tables if fold(t.name) in linked)
+
+
+def linked_tables(
+    db_path: str | Path, *, sql: str | Iterable[str] = (), text: str = ""
+) -> list[str]:
+    """The tables of a database a task links to, in schema order.
+
+    A table is named when ``sql`` (a statement or a list, e.g. a debugging task's issue SQL)
+    references it (:func:`birdenv.sql.referenced_tables`; a view it references names the view's
+    tables), or when a word or run of words of
+    ``text`` (a question and its evidence) matches its name or one of its columns' names
+    (case-insensitive, ``snake_case`` and ``camelCase`` split into words, plurals as singulars,
+    names shorter than three letters never matched). The linked tables are the named ones plus
+    their foreign-key neighbours, one hop in both directions. When nothing is named, every table
+    is linked.
+    """
+    path, mtime_ns = _database(db_path)
+    statements = (sql,) if isinstance(sql, str) else tuple(sql)
+    return list(_linked(path, mtime_ns, statements, text))
+
+
+def task_schema(task: Any, options: PromptOptions | None = None) -> str:
+    """The schema part of ``task``'s prompt under ``options`` (default: full, with sample rows).
+
+    Linked mode links a debugging task (:class:`birdenv.tasks.Task`) by its issue SQL and a BIRD
+    question (:class:`birdenv.bird.BirdTask`) by its question and evidence.
+    """
+    from birdenv.bird import BirdTask
+    from birdenv.tasks import Task
+
+    options = options or PromptOptions()
+    rows = SAMPLE_ROWS if options.sample_rows else 0
+    if options.schema == "full":
+        return render_schema(task.db_path, rows=rows)
+    if isinstance(task, BirdTask):
+        tables = linked_tables(task.db_path, text=f"{task.question}\n{task.evidence or ''}")
+    elif isinstance(task, Task):
+        tables = linked_tables(task.db_path, sql=task.issue_sql)
+    else:
+        raise TypeError(f"not a task: {type(task).__name__} (expected Task or BirdTask)")
+    return render_schema(task.db_path, rows=rows, tables=tables)

@@ -1,87 +1,64 @@
-"""Statement splitting and classification, the way SQLite itself reads SQL.
+"""The tables a piece of SQL names, and cutting text into statements the way SQLite reads it.
 
-Two questions every layer asks about a piece of SQL: *how many statements is it* (the official
-evaluator fails a string holding two) and *what kind is each* (a read, a write, DDL, transaction
-control, a pragma, something else). Both are answered by SQLite's own grammar rather than by a
-general-purpose parser:
+:func:`referenced_tables` is what the linked schema prompt (:mod:`birdenv.schema`) asks of a
+task's SQL: which tables does it read, write, create or point a foreign key at. sqlglot answers
+for what it parses; what it cannot parse (``CREATE TRIGGER``, ``REPLACE INTO``, ``ALTER TABLE ...
+ADD COLUMN``, broken SQL) falls back to a scan of the tokens after ``FROM``, ``JOIN``, ``INTO``,
+``UPDATE``, ``TABLE``, ``ON`` and ``REFERENCES``:
 
-- :func:`split_statements` cuts only at a ``;`` after which :func:`sqlite3.complete_statement`
-  (SQLite's own tokenizer) says the text so far is complete, so semicolons inside strings, quoted
-  identifiers, comments and ``CREATE TRIGGER ... BEGIN ...; END`` bodies never split a statement.
-- :func:`classify` reads the leading keyword, skipping comments, exactly as SQLite's parser
-  dispatches on it; for ``WITH`` it skips the common table expressions (string-, comment- and
-  parenthesis-aware) to the statement they prefix, since SQLite allows ``WITH ... INSERT``,
-  ``UPDATE`` and ``DELETE`` too.
+>>> referenced_tables("CREATE TRIGGER tr AFTER INSERT ON u BEGIN DELETE FROM t; END")
+['u', 't']
 
-sqlglot is used only where it is right and useful, to list the tables a read or write names
-(:func:`tables`); it is not trusted to classify. sqlglot 30.30 parses ``SAVEPOINT a`` and
-``RELEASE a`` as a column with an alias:
-
->>> import sqlglot
->>> type(sqlglot.parse_one("SAVEPOINT a", read="sqlite")).__name__
-'Alias'
->>> classify("SAVEPOINT a"), classify("RELEASE a")
-('transaction', 'transaction')
+:func:`split_statements` cuts only where SQLite would, so that one statement sqlglot cannot parse
+does not hide the tables of its neighbours: semicolons inside strings, quoted identifiers,
+comments and ``CREATE TRIGGER ... BEGIN ...; END`` bodies never split a statement.
 
 Nothing here raises on odd input (NUL bytes, lone surrogates, megabytes of text): these functions
-sit in front of an RL policy's output.
+read model output as well as task files.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 import sqlite3
+from collections.abc import Iterable, Iterator
 from typing import Final
 
-__all__ = [
-    "DDL",
-    "EMPTY",
-    "KINDS",
-    "OTHER",
-    "PRAGMA",
-    "READ",
-    "TRANSACTION",
-    "WRITE",
-    "classify",
-    "is_single_statement",
-    "leading_keyword",
-    "split_statements",
-    "tables",
-]
+__all__ = ["fold", "quiet_sqlglot", "referenced_tables", "split_statements"]
 
-READ: Final = "read"
-WRITE: Final = "write"
-DDL: Final = "ddl"
-TRANSACTION: Final = "transaction"
-PRAGMA: Final = "pragma"
-OTHER: Final = "other"
-EMPTY: Final = "empty"
-#: Every kind :func:`classify` returns.
-KINDS: Final = (READ, WRITE, DDL, TRANSACTION, PRAGMA, OTHER, EMPTY)
-
-_BY_KEYWORD: Final = {
-    "select": READ,
-    "values": READ,
-    # EXPLAIN [QUERY PLAN] never runs the statement it describes.
-    "explain": READ,
-    "insert": WRITE,
-    "replace": WRITE,
-    "update": WRITE,
-    "delete": WRITE,
-    "create": DDL,
-    "drop": DDL,
-    "alter": DDL,
-    "begin": TRANSACTION,
-    "commit": TRANSACTION,
-    "end": TRANSACTION,
-    "rollback": TRANSACTION,
-    "savepoint": TRANSACTION,
-    "release": TRANSACTION,
-    "pragma": PRAGMA,
-    # attach, detach, vacuum, analyze, reindex and anything unknown are OTHER.
-}
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+# A statement longer than this is scanned, not parsed: sqlglot's parse time grows with the text,
+# and a prompt never needs more than the names.
+_PARSE_LIMIT: Final = 100_000
+# Keywords after which a table name follows (ON: of an index or a trigger; a join's ON is
+# followed by a condition, told apart by the '.' of a qualified column).
+_NAME_AFTER: Final = frozenset({"from", "join", "into", "update", "table", "on", "references"})
+# Words that may sit between such a keyword and the name.
+_SKIP_BEFORE_NAME: Final = frozenset(
+    {"if", "not", "exists", "or", "rollback", "abort", "replace", "fail", "ignore", "only"}
+)
+# Words that end a FROM item instead of aliasing it.
+_NOT_ALIAS: Final = frozenset(
+    {
+        "where", "join", "left", "right", "full", "inner", "outer", "cross", "natural", "on",
+        "using", "group", "order", "limit", "having", "union", "except", "intersect", "window",
+        "set", "values", "select", "default", "returning", "indexed", "not", "as", "begin",
+        "for", "when", "after", "before", "instead", "do", "of",
+    }
+)  # fmt: skip
+
+
+def fold(name: str) -> str:
+    """An identifier as SQLite compares it: ASCII letters lower-cased, everything else kept.
+
+    >>> fold("Ward Transfers"), fold("ÄB")
+    ('ward transfers', 'Äb')
+    """
+    return name.translate(_ASCII_LOWER)
 
 
 def _skip_space_and_comments(sql: str, i: int) -> int:
@@ -123,61 +100,13 @@ def _skip_token(sql: str, i: int) -> int:
     return m.end() if m else i + 1
 
 
-def _words(sql: str, start: int = 0, *, depth_zero: bool = True):
-    """Yield ``(word_lower, index)`` of the bare words of ``sql``, at parenthesis depth 0 only."""
-    depth = 0
-    i = _skip_space_and_comments(sql, start)
-    while i < len(sql):
-        c = sql[i]
-        end = _skip_token(sql, i)
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            depth = max(0, depth - 1)
-        elif (depth == 0 or not depth_zero) and (c.isalpha() or c == "_"):
-            yield sql[i:end].lower(), i
-        i = _skip_space_and_comments(sql, end)
-
-
-def leading_keyword(sql: str) -> str:
-    """The first word of a statement in lower case, after comments; ``""`` when there is none.
-
-    >>> leading_keyword("  -- note\\n/* x */ Select 1")
-    'select'
-    >>> leading_keyword("-- only a comment")
-    ''
-    """
+def _tokens(sql: str) -> Iterator[str]:
+    """The tokens of ``sql``, comments and whitespace left out."""
     i = _skip_space_and_comments(sql, 0)
-    m = _WORD.match(sql, i)
-    return m.group(0).lower() if m else ""
-
-
-def _with_target(sql: str) -> str:
-    """The keyword of the statement a ``WITH`` clause prefixes (``""`` when it cannot be found)."""
-    for word, _ in _words(sql):
-        if word in ("select", "values", "insert", "replace", "update", "delete"):
-            return word
-    return ""
-
-
-def classify(sql: str) -> str:
-    """The kind of one statement: one of :data:`KINDS`.
-
-    >>> [classify(s) for s in ("select 1", "WITH t AS (SELECT 1) DELETE FROM x", "PRAGMA foreign_keys")]
-    ['read', 'write', 'pragma']
-    >>> [classify(s) for s in ("create temp table t(x)", "END", "VACUUM", "  ;", "-- hi")]
-    ['ddl', 'transaction', 'other', 'empty', 'empty']
-    >>> classify("WITH x(a) AS (SELECT ';' AS \\"delete\\") SELECT * FROM x")
-    'read'
-    """
-    text = sql.strip().strip(";") if sql else ""
-    word = leading_keyword(text)
-    if not word:
-        return EMPTY if _skip_space_and_comments(text.replace(";", " "), 0) >= len(text) else OTHER
-    if word == "with":
-        target = _with_target(text)
-        return _BY_KEYWORD.get(target, OTHER) if target else OTHER
-    return _BY_KEYWORD.get(word, OTHER)
+    while i < len(sql):
+        end = _skip_token(sql, i)
+        yield sql[i:end]
+        i = _skip_space_and_comments(sql, end)
 
 
 def split_statements(text: str) -> list[str]:
@@ -222,7 +151,7 @@ def split_statements(text: str) -> list[str]:
             last_word = ""
         i = _skip_space_and_comments(text, end)
     pieces.append(text[start:].strip())
-    return [p for p in pieces if classify(p) != EMPTY]
+    return [p for p in pieces if _skip_space_and_comments(p.replace(";", " "), 0) < len(p)]
 
 
 def _is_trigger(text: str, start: int) -> bool:
@@ -252,35 +181,135 @@ def _complete(piece: str) -> bool:
     return sqlite3.complete_statement(_SURROGATE.sub("x", piece.replace("\x00", " ")))
 
 
-def is_single_statement(sql: str) -> bool:
-    """True when ``sql`` holds exactly one statement (what one official ``execute`` accepts).
+@contextlib.contextmanager
+def quiet_sqlglot() -> Iterator[None]:
+    """Silence sqlglot's warning for each statement it falls back to parsing as a ``Command``
+    (triggers, ``REPLACE INTO``, some ``ALTER TABLE``): callers detect that case themselves."""
+    logger = logging.getLogger("sqlglot")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
-    >>> is_single_statement("SELECT 1; -- trailing comment")
-    True
-    >>> is_single_statement("SELECT 1; SELECT 2")
-    False
-    """
-    return len(split_statements(sql)) == 1
+
+def _unquote(token: str) -> str | None:
+    """The identifier a token spells, or None when it is no identifier (a string, a symbol)."""
+    if len(token) >= 2 and token[0] == token[-1] and token[0] in '"`':
+        return token[1:-1].replace(token[0] * 2, token[0])
+    if len(token) >= 2 and token[0] == "[" and token[-1] == "]":
+        return token[1:-1]
+    if _WORD.fullmatch(token):
+        return token
+    return None
 
 
-def tables(sql: str) -> set[str]:
-    """Lower-cased names of the tables a statement names, by sqlglot; empty when it cannot parse.
+def _scan_tables(sql: str) -> list[str]:
+    """Table names found by keywords alone: the fallback for SQL sqlglot cannot parse."""
+    toks = list(_tokens(sql))
+    lower = [t.lower() for t in toks]
+    ctes = set()
+    for k in range(2, len(toks)):
+        # `name AS (`, `name(cols) AS (`, `name AS [NOT] MATERIALIZED (`: a common table expression.
+        if toks[k] != "(" or lower[k - 1] not in ("as", "materialized"):
+            continue
+        j = k - 1
+        while j > 0 and lower[j] in ("as", "materialized", "not"):
+            j -= 1
+        if toks[j] == ")":
+            while j > 0 and toks[j] != "(":
+                j -= 1
+            j -= 1
+        name = _unquote(toks[j]) if j >= 0 else None
+        if name:
+            ctes.add(fold(name))
+    found: list[str] = []
 
-    >>> sorted(tables("SELECT * FROM a JOIN b ON a.id = b.id"))
-    ['a', 'b']
-    >>> tables("SAVEPOINT a")
-    set()
-    """
-    if classify(sql) not in (READ, WRITE, DDL):
-        return set()
+    def name_at(j: int) -> tuple[str | None, int]:
+        """The (schema-qualified) name starting at token ``j``, and the index after it."""
+        name = _unquote(toks[j]) if j < len(toks) else None
+        if name is None or lower[j] in _NOT_ALIAS:
+            return None, j
+        if j + 2 < len(toks) and toks[j + 1] == "." and _unquote(toks[j + 2]):
+            return _unquote(toks[j + 2]), j + 3
+        return name, j + 1
+
+    for i, word in enumerate(lower):
+        if word not in _NAME_AFTER:
+            continue
+        j = i + 1
+        while j < len(toks) and lower[j] in _SKIP_BEFORE_NAME:
+            j += 1
+        while True:
+            start = j
+            name, j = name_at(j)
+            if name is None or (word == "on" and j - start > 1):  # ON a.b: a join condition
+                break
+            found.append(name)
+            if word != "from":
+                break
+            # FROM a [AS] x, b y: the comma-separated items of one FROM list.
+            if j < len(toks) and lower[j] == "as":
+                j += 2
+            elif j < len(toks) and _unquote(toks[j]) and lower[j] not in _NOT_ALIAS:
+                j += 1
+            if j >= len(toks) or toks[j] != ",":
+                break
+            j += 1
+    return [n for n in found if fold(n) not in ctes]
+
+
+def _parse_tables(sql: str) -> list[str] | None:
+    """The tables of a statement by sqlglot, or None when sqlglot cannot really parse it."""
     import sqlglot
     from sqlglot import exp
 
-    try:
-        tree = sqlglot.parse_one(sql, read="sqlite")
-    except Exception:  # sqlglot raises several unrelated types on SQL it does not know
-        return set()
-    if tree is None:
-        return set()
-    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
-    return {t.name.lower() for t in tree.find_all(exp.Table) if t.name} - ctes
+    if len(sql) > _PARSE_LIMIT:
+        return None
+    with quiet_sqlglot():
+        try:
+            trees = sqlglot.parse(sql, read="sqlite")
+        except Exception:  # sqlglot raises several unrelated types on SQL it does not know
+            return None
+    found: list[tuple[int, str]] = []
+    for tree in trees:
+        if tree is None:
+            continue
+        if isinstance(tree, exp.Command) or tree.find(exp.Command) is not None:
+            return None
+        ctes = {fold(cte.alias_or_name) for cte in tree.find_all(exp.CTE)}
+        for table in tree.find_all(exp.Table):
+            if table.name and fold(table.name) not in ctes:
+                found.append((table.this.meta.get("start", len(sql)), table.name))
+    # find_all walks breadth first; order by position in the text, as a reader would.
+    return [name for _, name in sorted(found, key=lambda f: f[0])]
+
+
+def referenced_tables(sql: str | Iterable[str]) -> list[str]:
+    """The tables that a statement, or a list of statements, names: read, written, created,
+    altered or referenced by a foreign key. Common table expressions are not tables; a
+    schema-qualified name (``main.t``) gives ``t``.
+
+    Names come as written, each once (compared as SQLite does, ASCII case-insensitively), in
+    order of first mention. Text that holds several statements is split first, so a statement
+    sqlglot cannot parse is scanned for names by itself (see the module doc) without spoiling the
+    others. Never raises on text; the result may name tables a database does not have.
+
+    >>> referenced_tables("WITH x AS (SELECT * FROM orders) SELECT * FROM x JOIN Customers c ON 1")
+    ['orders', 'Customers']
+    >>> referenced_tables(['SELECT * FROM "Ward Transfers" w, main.t', "UPDATE t SET a = 1"])
+    ['Ward Transfers', 't']
+    >>> referenced_tables("REPLACE INTO stock VALUES (1); DELETE FROM [order items]")
+    ['stock', 'order items']
+    >>> referenced_tables("SAVEPOINT a; this is not SQL")
+    []
+    """
+    statements = [sql] if isinstance(sql, str) else list(sql)
+    seen: dict[str, str] = {}
+    for text in statements:
+        for statement in split_statements(text):
+            names = _parse_tables(statement)
+            for name in _scan_tables(statement) if names is None else names:
+                seen.setdefault(fold(name), name)
+    return list(seen.values())

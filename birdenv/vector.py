@@ -168,7 +168,8 @@ class MixedTaskEnv(gym.Env[str, str]):
             number of tasks, i.e. uniform over all tasks.
         db_dir: Database folder for sources given as files.
         **env_kwargs: Passed to every source's env: ``reward``, ``pool``, ``pool_options``,
-            ``statement_timeout``, ``max_rows``, ``max_result_bytes``, ``render_mode``.
+            ``statement_timeout``, ``max_rows``, ``max_result_bytes``, ``render_mode``,
+            ``prompt_options``.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012
@@ -356,7 +357,7 @@ def make_vec(
             between them (default: their sizes).
         **env_kwargs: Passed to every copy's env: ``tasks``, ``db_dir`` (``db_root`` for BIRD),
             ``reward``, ``pool_options``, ``statement_timeout``, ``max_rows``,
-            ``max_result_bytes``, ``max_episode_steps`` ...
+            ``max_result_bytes``, ``prompt_options``, ``max_episode_steps`` ...
 
     Returns:
         The vector environment; ``close()`` it to stop the workers and release their sessions.

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 
 from birdenv.bird import BirdTask
-from birdenv.schema import render_schema
+from birdenv.schema import PromptOptions, task_schema
 from birdenv.tasks import Task
 
 __all__ = ["ANSWER_INSTRUCTIONS", "format_answer", "parse_solution", "single_turn_prompt"]
@@ -67,20 +67,22 @@ _SOLUTION = re.compile(r"<solution>(.*?)(?:</solution>|\Z)", re.DOTALL)
 _BLOCK = re.compile(r"```[ \t]*(?:sql|sqlite)?[ \t]*\n?(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
-def single_turn_prompt(task: Task | BirdTask) -> str:
+def single_turn_prompt(task: Task | BirdTask, options: PromptOptions | None = None) -> str:
     """The user message of a single-turn task: schema, issue, problematic SQL, answer format.
 
     For a BIRD question: schema, question, external knowledge ("(none)" when empty), answer format.
+    ``options`` say how the schema reads (:class:`birdenv.schema.PromptOptions`; default: the
+    benchmark's full form with three rows per table), as in the environments' prompts.
     """
     if isinstance(task, BirdTask):
         return _BIRD_PROMPT.format(
-            schema=render_schema(task.db_path),
+            schema=task_schema(task, options),
             question=task.question,
             evidence=task.evidence or "(none)",
             instructions=ANSWER_INSTRUCTIONS,
         )
     return _PROMPT.format(
-        schema=render_schema(task.db_path),
+        schema=task_schema(task, options),
         query=task.query,
         issue_sql="\n".join(f"```sql\n{sql}\n```" for sql in task.issue_sql),
         instructions=ANSWER_INSTRUCTIONS,

@@ -261,8 +261,9 @@ def corpus() -> list[tuple[str, str]]:
     return _corpus()
 
 
-def test_corpus_split_classify_execute(tmp_path: Path) -> None:
-    """~2,900 real statements: split, classified and run on a bundled database, none raising.
+def test_corpus_split_tables_execute(tmp_path: Path) -> None:
+    """~2,900 real statements: split, their tables listed, and run on a bundled database, none
+    raising.
 
     Run on ``school_district`` (bundled, 3 MB) where most fail with "no such table", in one
     session as an agent would; the corpus's own transactions are rolled back between statements.
@@ -272,7 +273,7 @@ def test_corpus_split_classify_execute(tmp_path: Path) -> None:
     statements = corpus()
     assert len(statements) > 2000, len(statements)
     task = next(t for t in load_tasks("critic-mini") if t.db_id == "school_district")
-    kinds: dict[str, int] = {}
+    pieces_seen = named = 0
     outcomes = {"ok": 0, "error": 0, "timeout": 0}
     with ReplicaPool(root=tmp_path / "replicas") as pool:
         base = pool.store.base_for(task.db_path)
@@ -281,9 +282,9 @@ def test_corpus_split_classify_execute(tmp_path: Path) -> None:
             for where, sql in statements:
                 pieces = sqlkit.split_statements(sql)
                 for piece in pieces or [sql]:
-                    kind = sqlkit.classify(piece)
-                    assert kind in sqlkit.KINDS, (where, piece)
-                    kinds[kind] = kinds.get(kind, 0) + 1
+                    names = sqlkit.referenced_tables(piece)
+                    assert all(isinstance(n, str) and n for n in names), (where, piece)
+                    pieces_seen, named = pieces_seen + 1, named + bool(names)
                 # As the official evaluator runs it: the whole string in one execute.
                 result = session.execute(sql, timeout=0.5)
                 outcomes["timeout" if result.timed_out else "ok" if result.ok else "error"] += 1
@@ -293,5 +294,6 @@ def test_corpus_split_classify_execute(tmp_path: Path) -> None:
                     session.execute("ROLLBACK")
             assert session.execute("PRAGMA integrity_check").rows == [("ok",)]
         assert _sha256(base.path) == before
-    assert kinds.get("read", 0) > 1000 and kinds.get("write", 0) > 50, kinds
+    # Nearly every real statement names a table (the rest: transaction control, pragmas, VALUES).
+    assert named > 0.9 * pieces_seen, (named, pieces_seen)
     assert outcomes["ok"] > 50, outcomes

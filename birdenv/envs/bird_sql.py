@@ -8,7 +8,7 @@ from typing import Any
 from birdenv.bird import BirdTask, ExVerdict, execution_accuracy, load_bird
 from birdenv.envs.base import ToolEnv
 from birdenv.replicas.pool import ReplicaPool
-from birdenv.schema import render_schema
+from birdenv.schema import PromptOptions, task_schema
 from birdenv.tools import TOOL_INSTRUCTIONS
 
 __all__ = ["BirdSQLEnv", "render_prompt"]
@@ -28,10 +28,11 @@ _PROMPT = """You are a SQL assistant. Your task is to answer the user's question
 Submit exactly one SELECT statement as the only element of sql_list; it is judged by running it on a fresh copy of the database and comparing its rows with the correct answer's (order and duplicates ignored)."""
 
 
-def render_prompt(task: BirdTask) -> str:
-    """The user prompt of a BIRD question: schema, question, evidence and the tool instructions."""
+def render_prompt(task: BirdTask, options: PromptOptions | None = None) -> str:
+    """The user prompt of a BIRD question: schema (under ``options``), question, evidence and the
+    tool instructions."""
     return _PROMPT.format(
-        schema=render_schema(task.db_path),
+        schema=task_schema(task, options),
         question=task.question,
         evidence=task.evidence or "(none)",
         tools=TOOL_INSTRUCTIONS,
@@ -98,7 +99,10 @@ class BirdSQLEnv(ToolEnv):
       ``db_root`` (the folder holding ``{db_id}/{db_id}.sqlite``);
     - ``reward``: ``"binary"`` or ``"fraction"`` (equal here);
     - ``pool`` / ``pool_options``, ``statement_timeout``, ``max_rows``, ``max_result_bytes``: as in
-      ``BirdCritic-SQLite-v0``.
+      ``BirdCritic-SQLite-v0``;
+    - ``prompt_options``: as in ``BirdCritic-SQLite-v0``; ``schema="linked"`` keeps the tables
+      whose names or columns' names the question or its evidence mention, and their foreign-key
+      neighbours.
 
     ## Version History
     - v0: initial release.
@@ -117,9 +121,11 @@ class BirdSQLEnv(ToolEnv):
         max_rows: int = 10_000,
         max_result_bytes: int = 4 << 20,
         render_mode: str | None = None,
+        prompt_options: PromptOptions | dict[str, Any] | None = None,
     ) -> None:
         if suite is not None and tasks is not None:
             raise ValueError("give either suite= or tasks= (with db_root=), not both")
+        self.prompt_options = PromptOptions.of(prompt_options)
         if not isinstance(tasks, list):
             tasks = load_bird(
                 tasks if tasks is not None else (suite or "bird-mini-eval"), db_root=db_root
@@ -138,8 +144,8 @@ class BirdSQLEnv(ToolEnv):
         self.verdict: ExVerdict | None = None
 
     def prompt(self, task: BirdTask) -> str:
-        """The question's prompt: :func:`render_prompt`."""
-        return render_prompt(task)
+        """The question's prompt: :func:`render_prompt` under the env's prompt options."""
+        return render_prompt(task, self.prompt_options)
 
     def category(self, task: BirdTask) -> str:
         """The question's difficulty: simple, moderate or challenging."""

@@ -9,7 +9,7 @@ from birdenv.envs.base import CHARSET, MAX_TEXT, ToolEnv, UnicodeText
 from birdenv.judge import Verdict, judge
 from birdenv.replicas.pool import ReplicaPool
 from birdenv.replicas.session import Session
-from birdenv.schema import render_schema
+from birdenv.schema import PromptOptions, task_schema
 from birdenv.tasks import Task, load_tasks
 from birdenv.tools import TOOL_INSTRUCTIONS
 
@@ -30,10 +30,11 @@ _PROMPT = """You are a SQL assistant. Your task is to understand the user's issu
 {tools}"""
 
 
-def render_prompt(task: Task) -> str:
-    """The user prompt of a task: schema, issue, problematic SQL and the tool instructions."""
+def render_prompt(task: Task, options: PromptOptions | None = None) -> str:
+    """The user prompt of a task: schema (under ``options``), issue, problematic SQL and the tool
+    instructions."""
     return _PROMPT.format(
-        schema=render_schema(task.db_path),
+        schema=task_schema(task, options),
         query=task.query,
         issue_sql="\n".join(f"```sql\n{sql}\n```" for sql in task.issue_sql),
         tools=TOOL_INSTRUCTIONS,
@@ -89,7 +90,11 @@ class BirdCriticEnv(ToolEnv):
     - ``reward``: ``"binary"`` or ``"fraction"``;
     - ``pool``: a :class:`~birdenv.replicas.ReplicaPool` to share (default: the process's pool),
       or ``pool_options`` to build one;
-    - ``statement_timeout``, ``max_rows``, ``max_result_bytes``: bounds of every ``execute_sql``.
+    - ``statement_timeout``, ``max_rows``, ``max_result_bytes``: bounds of every ``execute_sql``;
+    - ``prompt_options``: how the prompt shows the database, a
+      :class:`~birdenv.schema.PromptOptions` or a mapping of its fields: ``schema="full"``
+      (default, every table) or ``"linked"`` (the tables the issue SQL names and their
+      foreign-key neighbours), ``sample_rows=True`` (default) or ``False``.
 
     ## Version History
     - v0: initial release.
@@ -108,9 +113,11 @@ class BirdCriticEnv(ToolEnv):
         max_rows: int = 10_000,
         max_result_bytes: int = 4 << 20,
         render_mode: str | None = None,
+        prompt_options: PromptOptions | dict[str, Any] | None = None,
     ) -> None:
         if suite is not None and tasks is not None:
             raise ValueError("give either suite= or tasks= (with db_dir=), not both")
+        self.prompt_options = PromptOptions.of(prompt_options)
         if not isinstance(tasks, list):
             tasks = load_tasks(
                 tasks if tasks is not None else (suite or "critic-mini"), db_dir=db_dir
@@ -129,8 +136,8 @@ class BirdCriticEnv(ToolEnv):
         self.verdict: Verdict | None = None
 
     def prompt(self, task: Task) -> str:
-        """The task's prompt: :func:`render_prompt`."""
-        return render_prompt(task)
+        """The task's prompt: :func:`render_prompt` under the env's prompt options."""
+        return render_prompt(task, self.prompt_options)
 
     def category(self, task: Task) -> str:
         """Query, Management or Personalization."""
