@@ -12,12 +12,9 @@ Both data builders explain a diagnosis from facts, never from templates about th
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
-import logging
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import sqlglot
@@ -25,6 +22,7 @@ from sqlglot import exp
 
 from birdenv.replicas.pool import ReplicaPool
 from birdenv.replicas.session import Session
+from birdenv.sql import quiet_sqlglot, referenced_tables
 from birdenv.tasks import Task
 
 __all__ = [
@@ -79,22 +77,9 @@ class Evidence:
     tables: list[str]
 
 
-@contextlib.contextmanager
-def _quiet_sqlglot() -> Iterator[None]:
-    # sqlglot logs a warning for every statement it falls back to parsing as a Command
-    # (triggers, some PRAGMAs); we detect that case ourselves.
-    logger = logging.getLogger("sqlglot")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def _parse(sql: str) -> exp.Expression | None:
     """The syntax tree of one statement, or None when sqlglot cannot really parse it."""
-    with _quiet_sqlglot():
+    with quiet_sqlglot():
         try:
             tree = sqlglot.parse_one(sql, read="sqlite")
         except sqlglot.errors.SqlglotError:
@@ -234,27 +219,15 @@ def describe_changes(issue_sqls: list[str], fixed_sqls: list[str]) -> list[str]:
 
 
 def tables_touched(sqls: list[str], existing: set[str] | None = None) -> list[str]:
-    """The tables the statements name, in order of appearance (CTE names excluded).
+    """The tables the statements name, in order of appearance (CTE names excluded), by
+    :func:`birdenv.sql.referenced_tables`.
 
     ``existing`` (lower-case names) keeps only tables the database really has.
 
     >>> tables_touched(["WITH x AS (SELECT * FROM orders) SELECT * FROM x JOIN customers c ON 1"])
     ['orders', 'customers']
     """
-    names: list[str] = []
-    for sql in sqls:
-        tree = _parse(sql)
-        if tree is None:
-            continue
-        ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
-        for table in tree.find_all(exp.Table):
-            name = table.name
-            keep = existing is None or name.lower() in existing
-            if name and keep and name.lower() not in ctes and name not in names:
-                names.append(name)
-    # find_all walks breadth first; order by first mention in the text, as a reader would.
-    text = " ".join(sqls).lower()
-    return sorted(names, key=lambda n: (text.find(n.lower()) % (len(text) + 1), n))
+    return [n for n in referenced_tables(sqls) if existing is None or n.lower() in existing]
 
 
 def run_statements(session: Session, sqls: list[str]) -> list[StatementRun]:
