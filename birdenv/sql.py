@@ -23,6 +23,7 @@ import contextlib
 import logging
 import re
 import sqlite3
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Final
 
@@ -181,17 +182,33 @@ def _complete(piece: str) -> bool:
     return sqlite3.complete_statement(_SURROGATE.sub("x", piece.replace("\x00", " ")))
 
 
+class _QuietFilter(logging.Filter):
+    """Drops sqlglot's records logged by a thread while it is inside :func:`quiet_sqlglot`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(self.inside, "depth", 0)
+
+
+_QUIET = _QuietFilter()
+
+
 @contextlib.contextmanager
 def quiet_sqlglot() -> Iterator[None]:
     """Silence sqlglot's warning for each statement it falls back to parsing as a ``Command``
-    (triggers, ``REPLACE INTO``, some ``ALTER TABLE``): callers detect that case themselves."""
+    (triggers, ``REPLACE INTO``, some ``ALTER TABLE``) in this thread: callers detect that case
+    themselves. Other threads' sqlglot logging is untouched."""
     logger = logging.getLogger("sqlglot")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    if _QUIET not in logger.filters:
+        logger.addFilter(_QUIET)
+    _QUIET.inside.depth = getattr(_QUIET.inside, "depth", 0) + 1
     try:
         yield
     finally:
-        logger.setLevel(level)
+        _QUIET.inside.depth -= 1
 
 
 def _unquote(token: str) -> str | None:

@@ -143,11 +143,11 @@ def test_hostile_text_never_raises() -> None:
 def test_split_is_linear_on_semicolons() -> None:
     import time
 
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: other processes on the machine do not count
     assert sqlkit.split_statements("SELECT 1" + ";" * 200_000) == ["SELECT 1;"]
     assert len(sqlkit.split_statements("SELECT 1;" * 20_000)) == 20_000
     assert len(sqlkit.split_statements("CREATE TRIGGER x BEGIN " + "; " * 20_000)) == 1
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
 
 
 _pieces = st.sampled_from(
@@ -188,3 +188,13 @@ def test_split_recovers_statements(pieces: list[str]) -> None:
         conn.executescript(SCHEMA)
         with pytest.raises(sqlite3.ProgrammingError, match="one statement"):
             conn.execute(text)
+
+
+def test_fallback_parsing_logs_nothing_and_leaves_sqlglot_logging_alone(caplog) -> None:
+    import sqlglot
+
+    with caplog.at_level("WARNING", logger="sqlglot"):
+        assert sqlkit.referenced_tables("REPLACE INTO t VALUES (1); SAVEPOINT a") == ["t"]
+        assert caplog.records == []
+        sqlglot.parse_one("SAVEPOINT a", read="sqlite")  # outside: sqlglot's own warning stays
+        assert [r.name for r in caplog.records] == ["sqlglot"]
