@@ -650,6 +650,37 @@ def test_read_only_session_and_no_fd_leaks(base, tmp_path):
     assert fds() == start
 
 
+def test_sessions_on_one_base_share_its_descriptor(base, tmp_path):
+    def open_on(path: Path) -> int:
+        return sum(
+            os.path.realpath(f"/proc/self/fd/{fd}") == str(path.resolve())
+            for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")
+        )
+
+    conns = [connect_overlay(tmp_path / f"s{i}.sqlite", base) for i in range(8)]
+    for conn in conns:
+        run_like_evaluator(conn, ["INSERT INTO customers(name) VALUES ('shared')"])
+    assert open_on(base) == 1
+    for conn in conns[:-1]:
+        conn.close()
+    assert open_on(base) == 1
+    conns[-1].close()
+    assert open_on(base) == 0
+
+
+def test_a_base_replaced_at_its_path_is_read_afresh(tmp_path):
+    """Descriptors are shared by file identity, not by path: a new file at the same path is
+    another base, even while a session still reads the old one."""
+    path = build_base(tmp_path / "base.sqlite", customers=10, orders=10)
+    with closing(connect_overlay(tmp_path / "old.sqlite", path)) as old:
+        assert old.execute("SELECT count(*) FROM customers").fetchone() == (10,)
+        build_base(tmp_path / "next.sqlite", customers=20, orders=10).replace(path)
+        with closing(connect_overlay(tmp_path / "new.sqlite", path)) as new:
+            assert new.execute("SELECT count(*) FROM customers").fetchone() == (20,)
+        assert old.execute("SELECT count(*) FROM customers").fetchone() == (10,)
+
+
 def test_base_of_another_size_is_refused(base, tmp_path):
     session = tmp_path / "s.sqlite"
     with closing(connect_overlay(session, base)) as conn:

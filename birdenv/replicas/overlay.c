@@ -23,13 +23,16 @@
  *  - A write whose content equals the current view of a block with a clear bit is skipped: no
  *    private bytes for rewrites of identical pages, and a journal rollback (which only rewrites
  *    original content) can never fail on the maxbytes cap.
- *  - No global mutable state except the registered sqlite3_vfs structs.
+ *  - No global mutable state except the registered sqlite3_vfs structs and the table of shared
+ *    base descriptors (under its own mutex): every session of a process on the same base reads
+ *    it through one read-only descriptor, so a session costs no descriptor for its base.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sqlite3.h>
 #include <stdint.h>
@@ -55,7 +58,7 @@ typedef struct OvlFile {
   sqlite3_vfs *pVfs;    /* our VFS (for its name) */
   i64 maxBytes;         /* cap on private data / journal / WAL bytes; 0 = none */
   /* main database only */
-  int baseFd;           /* B, O_RDONLY */
+  int baseFd;           /* B, O_RDONLY, shared with the process's other sessions on B */
   int ovlFd;            /* P-ovl, or -1 (read-only session without one) */
   int readOnly;
   int lockLevel;
@@ -309,13 +312,84 @@ static int readView(OvlFile *p, uint8_t *buf, i64 off, i64 n) {
   return SQLITE_OK;
 }
 
+/* ---------------------------------------------------------------- shared base descriptors */
+
+/* One read-only descriptor per base file (by device and inode) for the whole process, counted by
+ * the sessions using it. Reads use pread, which needs no shared file offset. While a descriptor is
+ * open its inode cannot be reused, so a base replaced on disk gets a new entry, never the old
+ * bytes. */
+typedef struct BaseRef {
+  dev_t dev;
+  ino_t ino;
+  int fd;
+  int nRef;
+  struct BaseRef *next;
+} BaseRef;
+
+static BaseRef *baseRefs;
+static pthread_mutex_t baseMutex = PTHREAD_MUTEX_INITIALIZER;
+
+/* A child forked while another thread held the mutex must not inherit it locked. */
+static void baseAtforkPrepare(void) { pthread_mutex_lock(&baseMutex); }
+static void baseAtforkRelease(void) { pthread_mutex_unlock(&baseMutex); }
+
+/* The shared descriptor of the regular file zPath (opened on first use) and its size. */
+static int baseAcquire(const char *zPath, int *pFd, i64 *pSize) {
+  struct stat st;
+  BaseRef *r;
+  int fd, rc = SQLITE_OK;
+  if (stat(zPath, &st) != 0 || !S_ISREG(st.st_mode)) return SQLITE_CANTOPEN;
+  pthread_mutex_lock(&baseMutex);
+  for (r = baseRefs; r && !(r->dev == st.st_dev && r->ino == st.st_ino); r = r->next) {
+  }
+  if (r) {
+    r->nRef++;
+    *pFd = r->fd;
+    *pSize = st.st_size;
+    goto out;
+  }
+  do {
+    fd = open(zPath, O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  /* the path may have been replaced since stat(): describe the file really opened */
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !(r = malloc(sizeof(*r)))) {
+    if (fd >= 0) close(fd);
+    rc = SQLITE_CANTOPEN;
+    goto out;
+  }
+  r->dev = st.st_dev;
+  r->ino = st.st_ino;
+  r->fd = fd;
+  r->nRef = 1;
+  r->next = baseRefs;
+  baseRefs = r;
+  *pFd = fd;
+  *pSize = st.st_size;
+out:
+  pthread_mutex_unlock(&baseMutex);
+  return rc;
+}
+
+static void baseRelease(int fd) {
+  BaseRef **pp, *r;
+  pthread_mutex_lock(&baseMutex);
+  for (pp = &baseRefs; (r = *pp) && r->fd != fd; pp = &r->next) {
+  }
+  if (r && --r->nRef == 0) {
+    *pp = r->next;
+    close(r->fd);
+    free(r);
+  }
+  pthread_mutex_unlock(&baseMutex);
+}
+
 /* ---------------------------------------------------------------- main-db io methods */
 
 static int ovlClose(sqlite3_file *pFile) {
   OvlFile *p = (OvlFile *)pFile;
   int rc = SQLITE_OK;
   if (p->pReal->pMethods) rc = p->pReal->pMethods->xClose(p->pReal);
-  if (p->baseFd >= 0) close(p->baseFd);
+  if (p->baseFd >= 0) baseRelease(p->baseFd);
   if (p->ovlFd >= 0) close(p->ovlFd);
   sqlite3_free(p->bits);
   sqlite3_free(p->zOvl);
@@ -692,7 +766,6 @@ static int ovlOpen(sqlite3_vfs *pVfs, sqlite3_filename zName, sqlite3_file *pFil
   sqlite3_vfs *pOrig = ORIG_VFS(pVfs);
   OvlFile *p = (OvlFile *)pFile;
   int outFlags = 0, rc;
-  struct stat st;
 
   if (!(flags & SQLITE_OPEN_MAIN_DB) || !zName) {
     i64 lim = 0;
@@ -722,15 +795,7 @@ static int ovlOpen(sqlite3_vfs *pVfs, sqlite3_filename zName, sqlite3_file *pFil
   if (!zBase || !*zBase) return SQLITE_CANTOPEN; /* never a silent plain file */
   p->maxBytes = sqlite3_uri_int64(zName, "maxbytes", 0);
   if (p->maxBytes < 0) p->maxBytes = 0;
-  do {
-    p->baseFd = open(zBase, O_RDONLY | O_CLOEXEC);
-  } while (p->baseFd < 0 && errno == EINTR);
-  if (p->baseFd < 0) return SQLITE_CANTOPEN;
-  if (fstat(p->baseFd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    rc = SQLITE_CANTOPEN;
-    goto fail;
-  }
-  p->baseSize = st.st_size;
+  if (baseAcquire(zBase, &p->baseFd, &p->baseSize) != SQLITE_OK) return SQLITE_CANTOPEN;
   rc = pOrig->xOpen(pOrig, zName, p->pReal, flags, &outFlags);
   if (rc) {
     p->pReal->pMethods = 0;
@@ -851,8 +916,10 @@ static int ovlRegister(const char *zName) {
   if (rc) { /* v is not in the list: safe to free */
     free(name);
     free(v);
+    return rc;
   }
-  return rc; /* on success v lives as long as the process */
+  pthread_atfork(baseAtforkPrepare, baseAtforkRelease, baseAtforkRelease);
+  return SQLITE_OK; /* v lives as long as the process */
 }
 
 /* ---------------------------------------------------------------- self test (fuzz) */
