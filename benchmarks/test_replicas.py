@@ -474,7 +474,7 @@ def test_read_overhead(benchmark, dirty_mb, db_paths, private_copy, tmp_path) ->
                 _dirty(lambda s: run_statement(copy, s), chunk)
                 run_statement(session.conn, "PRAGMA wal_checkpoint(TRUNCATE)")
                 dirty_bytes = disk_usage(
-                    [p for p in pool._sessions_dir.glob(f"{session.path.name}*")]
+                    [p for p in session.path.parent.glob(f"{session.path.name}*")]
                 )
                 if dirty_bytes >= dirty_mb << 20:
                     break

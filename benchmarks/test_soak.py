@@ -37,6 +37,7 @@ import numpy as np
 import pytest
 
 import birdenv  # noqa: F401 - registers the environments
+from birdenv.replicas.pool import default_sessions_dir
 from birdenv.tasks import Task, load_tasks
 from birdenv.tools import format_tool_call
 from birdenv.vector import make_vec
@@ -88,7 +89,8 @@ def _first_table(db_path: Path) -> str:
 
 def _disk(root: Path) -> int:
     """Allocated bytes of the sessions' files (bases are materialised once, on first use)."""
-    return sum(p.stat().st_blocks * 512 for p in (root / "sessions").rglob("*") if p.is_file())
+    folders = (default_sessions_dir(root), root / "sessions")  # memory, and the disk fallback
+    return sum(p.stat().st_blocks * 512 for f in folders for p in f.rglob("*") if p.is_file())
 
 
 PHASES = ("read", "ddl", "write", "hostile", "isolation check", "submit")

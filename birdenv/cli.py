@@ -565,13 +565,32 @@ def _cmd_play(args: argparse.Namespace) -> int:
 
 # -- birdenv doctor ----------------------------------------------------------------------------
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from birdenv.replicas import overlay
-    from birdenv.replicas.pool import default_root
+    from birdenv.replicas import descriptors, overlay
+    from birdenv.replicas.pool import (
+        MEMORY_HEADROOM,
+        default_root,
+        default_sessions_dir,
+        is_memory_filesystem,
+    )
 
+    root = default_root()
+    sessions = default_sessions_dir(root)
     print(f"python           {sys.version.split()[0]}")
     print(f"sqlite (stdlib)  {sqlite3.sqlite_version}")
     print(f"cache            {suites.home()}")
-    print(f"replica root     {default_root()}")
+    print(f"replica root     {root}")
+    if is_memory_filesystem(sessions):
+        print(
+            f"sessions         {sessions} (memory; on disk in {root / 'sessions'} while it has "
+            f"under {MEMORY_HEADROOM >> 30} GiB free)"
+        )
+    else:
+        print(f"sessions         {sessions} (disk)")
+    soft, hard = descriptors.limits()
+    print(
+        f"open files       soft limit {soft}, hard {hard}: a replica pool raises the soft limit "
+        "to the hard one; each open session holds 3-4"
+    )
     if overlay.available():
         print("strategy         overlay (copy-on-write page overlay VFS)")
     else:

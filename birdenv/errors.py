@@ -59,3 +59,8 @@ class MissingExtraError(BirdEnvError, ImportError):
 
 class SchemaError(BirdEnvError, ValueError):
     """A schema prompt was asked for with an invalid setting or a table the database lacks."""
+
+
+class DescriptorLimitError(BirdEnvError, OSError):
+    """The process ran out of file descriptors; the message names the limit, the count in use and
+    how to raise it."""

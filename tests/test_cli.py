@@ -91,6 +91,9 @@ def test_missing_prediction_file_and_doctor() -> None:
     assert proc.returncode == 2 and "no such file" in proc.stderr
     doctor = run_cli("doctor")
     assert doctor.returncode == 0 and "strategy" in doctor.stdout
+    sessions = doctor.stdout.split("sessions ", 1)[1].splitlines()[0].strip()
+    assert sessions.endswith(("(disk)", "GiB free)")), doctor.stdout
+    assert "open files       soft limit" in doctor.stdout
 
 
 def test_validate_bird_questions(capsys) -> None:

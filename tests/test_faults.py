@@ -25,6 +25,7 @@ import pytest
 from birdenv import cli
 from birdenv.judge import judge, judge_many
 from birdenv.replicas import ReplicaPool
+from birdenv.replicas.pool import default_sessions_dir
 from birdenv.tasks import Task, load_tasks, parse_task
 from birdenv.tools import format_tool_call
 from birdenv.vector import make_vec
@@ -107,19 +108,19 @@ def _kill_loop(iterations: int, shop, root: Path) -> None:
             probe = "SELECT (SELECT count(*) FROM sqlite_master WHERE name = 'w'), count(*) FROM customers"
             obs, *_ = envs.step([format_tool_call("execute_sql", sql=probe)])
             assert "| 0 | 3 |" in obs[0], obs[0]
-            dead = [p for p in (root / "sessions").glob("*") if not p.name.endswith(".lock")]
+            dead = [p for p in default_sessions_dir(root).glob("*") if not p.name.endswith(".lock")]
             # Only the replacement's own session (its files share one prefix) may remain.
             assert len({p.name.split("-")[0] for p in dead}) <= 1, dead
         finally:
             envs.close()
     _check_pristine(root, tasks, hashes)
-    leftovers = [p for p in (root / "sessions").iterdir()]
+    sessions = default_sessions_dir(root)
+    # A pool removes its folder in memory when it closes and the folder is empty.
+    leftovers = list(sessions.iterdir()) if sessions.exists() else []
     with ReplicaPool(root=root) as pool:
         pass
-    assert not [p for p in (root / "sessions").iterdir() if not p.name.endswith(".lock")], (
-        leftovers,
-        pool.swept,
-    )
+    remaining = list(sessions.iterdir()) if sessions.exists() else []
+    assert not [p for p in remaining if not p.name.endswith(".lock")], (leftovers, pool.swept)
 
 
 def test_sigkill_worker_mid_write(shop, tmp_path: Path) -> None:
@@ -157,7 +158,8 @@ def _used(path: Path) -> int:
 
 def test_disk_full(shop, small_fs: Path) -> None:
     _, _, tasks = shop
-    with ReplicaPool(root=small_fs / "replicas") as pool:
+    root = small_fs / "replicas"
+    with ReplicaPool(root=root, sessions_dir=root / "sessions") as pool:
         other = pool.session(tasks[0])
         other.execute("INSERT INTO customers(name) VALUES ('other')")
         base = pool.store.base_for(tasks[0].db_path)

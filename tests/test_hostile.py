@@ -212,7 +212,7 @@ def test_no_leak_after_catalogue(world: World) -> None:
         obs = episode()
     assert f"| {BIG_ROWS} |" in obs
     assert len(os.listdir("/proc/self/fd")) <= fds_before
-    sessions = list((world.pool.root / "sessions").glob(f"{world.pool._prefix}-*"))
+    sessions = list(world.pool.sessions_dir.glob(f"{world.pool._prefix}-*"))
     assert len({p.name.split(".db")[0] for p in sessions}) <= 1, sessions
 
 

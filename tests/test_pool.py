@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import sqlite3
 import subprocess
 import sys
@@ -13,8 +14,13 @@ import pytest
 
 from birdenv.errors import PreprocessError
 from birdenv.replicas import Limits, ReplicaPool
+from birdenv.replicas import pool as pool_module
+from birdenv.replicas.pool import MEMORY_FILESYSTEM, default_sessions_dir, is_memory_filesystem
+from birdenv.replicas.session import run_statement
 from birdenv.suites import file_sha256
 from birdenv.tasks import parse_task
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_sessions_are_isolated_and_persistent(shop_tasks: list, pool: ReplicaPool) -> None:
@@ -118,11 +124,12 @@ def test_orphans_of_a_killed_process_are_swept(shop_tasks: list, tmp_path: Path)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
     assert proc.returncode == -9, proc.stderr.decode()
-    leftovers = [p for p in (root / "sessions").iterdir() if not p.name.endswith(".lock")]
+    sessions = default_sessions_dir(root)
+    leftovers = [p for p in sessions.iterdir() if not p.name.endswith(".lock")]
     assert leftovers
     with ReplicaPool(root=root) as pool:
         assert pool.swept >= len(leftovers)
-        assert [p.name for p in (root / "sessions").iterdir() if not p.name.endswith(".lock")] == []
+        assert [p.name for p in sessions.iterdir() if not p.name.endswith(".lock")] == []
         with pool.session(shop_tasks[0]) as s:
             assert s.execute("SELECT count(*) FROM customers").rows == [(3,)]
             assert s.execute("PRAGMA integrity_check").rows == [("ok",)]
@@ -150,3 +157,226 @@ def test_stats_report_strategy_and_bytes(shop_tasks: list, pool: ReplicaPool) ->
     assert stats["strategy"] in ("overlay", "copy")
     assert stats["bytes_on_disk"] >= stats["bases_bytes"] > 0
     assert stats["mean_reset_ms"] >= 0
+
+
+# -- where sessions live ------------------------------------------------------------------------
+memory_only = pytest.mark.skipif(
+    not is_memory_filesystem(MEMORY_FILESYSTEM),
+    reason=f"{MEMORY_FILESYSTEM} is no memory filesystem",
+)
+
+
+@memory_only
+def test_sessions_live_in_memory_by_default(shop_tasks: list, tmp_path: Path) -> None:
+    with ReplicaPool(root=tmp_path / "r") as pool:
+        assert pool.sessions_dir.is_relative_to(MEMORY_FILESYSTEM) and pool.in_memory
+        with pool.session(shop_tasks[0]) as s:
+            assert s.path.parent == pool.sessions_dir
+            assert s.execute("INSERT INTO customers(name) VALUES ('Dee')").ok
+            stats = pool.stats()
+            assert stats["sessions_in_memory"] is True
+            assert stats["sessions_dir"] == str(pool.sessions_dir)
+            assert (stats["open_in_memory"], stats["open_on_disk"], stats["fallbacks"]) == (1, 0, 0)
+            assert stats["sessions_bytes"] > 0
+        folder = pool.sessions_dir
+    assert not folder.exists()  # an empty folder in memory goes with its last pool
+
+
+@memory_only
+def test_sessions_fall_back_to_disk_when_memory_is_short(
+    shop_tasks: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Demand more free memory than any machine has: every new session goes to disk.
+    monkeypatch.setattr(pool_module, "MEMORY_HEADROOM", 1 << 62)
+    limits = Limits(max_session_bytes=2 << 20)
+    with ReplicaPool(root=tmp_path / "r", limits=limits) as pool:
+        with pool.session(shop_tasks[0]) as s:
+            assert s.path.parent == tmp_path / "r" / "sessions"
+            stats = pool.stats()
+            assert (stats["open_in_memory"], stats["open_on_disk"], stats["fallbacks"]) == (0, 1, 1)
+            assert s.execute("CREATE TABLE junk (b BLOB)").ok
+            # the per-session cap holds on disk as well
+            full = s.execute(
+                "INSERT INTO junk WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r "
+                "LIMIT 5000) SELECT randomblob(4096) FROM r"
+            )
+            assert full.error is not None and "full" in full.error
+            assert s.execute("SELECT count(*) FROM customers").rows == [(3,)]
+        monkeypatch.setattr(pool_module, "MEMORY_HEADROOM", 0)
+        monkeypatch.setattr(pool_module, "_ROOM_TTL", 0.0)
+        with pool.session(shop_tasks[0]) as s:
+            assert s.path.parent == pool.sessions_dir
+    assert not list((tmp_path / "r" / "sessions").glob("*.db*"))
+
+
+def test_sessions_dir_from_the_argument_or_the_environment(
+    shop_tasks: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BIRDENV_SESSIONS_DIR", str(tmp_path / "from-env"))
+    assert default_sessions_dir(tmp_path / "r") == tmp_path / "from-env"
+    with ReplicaPool(root=tmp_path / "r") as pool, pool.session(shop_tasks[0]) as s:
+        assert s.path.parent == tmp_path / "from-env"
+        assert pool.stats()["sessions_dir"] == str(tmp_path / "from-env")
+    given = tmp_path / "given"
+    with (
+        ReplicaPool(root=tmp_path / "r", sessions_dir=given) as pool,
+        pool.session(shop_tasks[0]) as s,
+    ):
+        assert s.path.parent == given
+        assert s.execute("SELECT count(*) FROM customers").rows == [(3,)]
+
+
+# -- file descriptors ---------------------------------------------------------------------------
+def _run_limited(script: str, shop_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run ``script`` in a fresh interpreter (its descriptor limit never touches this process)."""
+    prelude = textwrap.dedent(f"""
+        import logging, os, resource, sys
+        from birdenv.errors import BirdEnvError, DescriptorLimitError
+        from birdenv.replicas import ReplicaPool
+        from birdenv.tasks import parse_task
+        task = parse_task({{"instance_id": "t", "db_id": "shop"}}, db_dir={str(shop_dir)!r})
+        root = {str(tmp_path / "limited")!r}
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
+@pytest.mark.skipif(
+    resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 4096,
+    reason="the hard limit on open files is below 4096 here",
+)
+def test_512_writers_under_a_soft_limit_of_1024(shop_dir: Path, tmp_path: Path) -> None:
+    proc = _run_limited(
+        """
+        logging.basicConfig(level=logging.INFO)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+        with ReplicaPool(root=root) as pool:
+            stats = pool.stats()
+            assert stats["descriptor_limit_raised_from"] == 1024, stats
+            assert stats["descriptor_limit"] == resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 1024
+            sessions = [pool.session(task) for _ in range(512)]
+            for i, s in enumerate(sessions):
+                r = s.execute(f"UPDATE customers SET name = 'w{i}' WHERE id = 1")
+                assert r.ok, r
+            for i, s in enumerate(sessions):
+                assert s.execute("SELECT name FROM customers WHERE id = 1").rows == [(f"w{i}",)]
+            print("open", pool.stats()["open_sessions"], "fds", pool.stats()["descriptors_in_use"])
+            for s in sessions:
+                s.close()
+            assert pool.stats()["open_sessions"] == 0
+        print("ok")
+        """,
+        shop_dir,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "ok"
+    assert "open 512 " in proc.stdout
+    assert "raised this process's soft limit on open files from 1024" in proc.stderr
+
+
+def test_running_out_of_descriptors_is_a_clear_error(shop_dir: Path, tmp_path: Path) -> None:
+    proc = _run_limited(
+        """
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        with ReplicaPool(root=root) as pool:
+            opened = []
+            try:
+                while len(opened) < 100:
+                    opened.append(pool.session(task, preprocess=False))
+            except DescriptorLimitError as exc:
+                assert isinstance(exc, BirdEnvError) and isinstance(exc, OSError)
+                print("open:", exc)
+            assert 0 < len(opened) < 100
+            opened.pop().close()  # a few descriptors back, for stats() to list folders
+            assert pool.stats()["open_sessions"] == len(opened)
+            # A session that opened but has no descriptor left for its first statement's WAL.
+            spare = []
+            try:
+                while True:
+                    spare.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                pass
+            try:
+                opened[-1].execute("SELECT count(*) FROM customers")
+            except DescriptorLimitError as exc:
+                print("statement:", exc)
+            for fd in spare:
+                os.close(fd)
+            # Nothing is lost: with descriptors back, the same session works.
+            assert opened[-1].execute("SELECT count(*) FROM customers").rows == [(3,)]
+        print("ok")
+        """,
+        shop_dir,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "ok" and len(lines) == 3, proc.stdout
+    for line, action in zip(
+        lines[:2], ("cannot open a session", "cannot run a statement"), strict=True
+    ):
+        assert line.split(": ", 1)[1].startswith(action), line
+        assert "of its 64 file descriptors open" in line and "hard 64" in line, line
+        assert "ulimit -Hn" in line and "max_sessions" in line, line
+        assert "unable to open database file" not in line
+
+
+# -- the official settings before every statement -----------------------------------------------
+SETTINGS_SCRIPT = [
+    "PRAGMA journal_mode",
+    "PRAGMA journal_mode = DELETE",
+    "SELECT count(*) FROM customers",
+    "PRAGMA journal_mode",
+    "/* a comment */ pRaGmA synchronous = FULL",
+    "PRAGMA synchronous",
+    "INSERT INTO customers(name) VALUES ('Eve')",
+    "BEGIN",
+    "PRAGMA journal_mode = MEMORY",
+    "UPDATE customers SET city = 'Oslo'",
+    "COMMIT",
+    "PRAGMA main.journal_mode",
+    "SELECT * FROM pragma_journal_mode",
+    "CREATE TEMP TABLE t AS SELECT 1 AS x",
+    "ATTACH ':memory:' AS m",
+    "PRAGMA m.journal_mode",
+    "PRAGMA temp.synchronous",
+    "SELECT count(*), group_concat(city) FROM customers",
+]
+
+
+def test_session_statements_see_the_official_settings(shop_tasks: list, pool: ReplicaPool) -> None:
+    """Session.execute skips re-issuing settings already in force; what every statement sees is
+    what it sees when they are issued before each one (run_statement, the official way)."""
+    with pool.session(shop_tasks[0]) as ours, pool.session(shop_tasks[0]) as official:
+        for sql in SETTINGS_SCRIPT:
+            got = ours.execute(sql)
+            try:
+                rows, columns, _ = run_statement(official.conn, sql)
+                want = (columns, rows or [], None)
+            except sqlite3.Error as exc:
+                want = ([], [], str(exc))
+            assert (got.columns, got.rows, got.error) == want, sql
+
+
+def test_settings_are_issued_again_after_others_touch_the_connection(
+    shop_tasks: list, pool: ReplicaPool
+) -> None:
+    with pool.session(shop_tasks[0]) as s:
+        assert s.execute("SELECT 1").ok
+        s.conn.execute("PRAGMA synchronous = FULL")
+        assert s.execute("PRAGMA synchronous").rows == [(0,)]
+        other = s.connect()
+        assert s.execute("SELECT 1").ok
+        other.execute("PRAGMA synchronous = FULL")  # its own connection's setting, not ours
+        assert other.execute("PRAGMA journal_mode = DELETE").fetchone() == ("delete",)
+        other.close()
+        assert s.execute("SELECT count(*) FROM customers").rows == [(3,)]
+        assert s.execute("PRAGMA main.journal_mode").rows == [("wal",)]

@@ -11,9 +11,14 @@ Two strategies behind one interface, chosen by a capability check at start-up:
     statically, or no compiler at install time): a private full copy of the base per session,
     removed at reset. Same semantics, O(database size) time and space.
 
+Sessions are throwaway, so they live on a memory filesystem (``/dev/shm``) where the machine has
+one with room, and on disk (``{root}/sessions``) otherwise: see :func:`default_sessions_dir`.
+Opening a pool raises the process's soft limit on open files to its hard limit, since every
+session holds a few descriptors (:mod:`birdenv.replicas.descriptors`).
+
 Any number of processes can share one pool root without partitions: every process holds an
-exclusive ``flock`` on its own lock file while it lives, so a new pool recognises the session
-files of dead processes (their lock is free) and sweeps them.
+exclusive ``flock`` on its own lock file in each sessions folder while it lives, so a new pool
+recognises the session files of dead processes (their lock is free) and sweeps them.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import hashlib
 import itertools
 import logging
 import os
 import shutil
 import sqlite3
+import stat
 import threading
 import time
 import uuid
@@ -33,17 +40,36 @@ from pathlib import Path
 from typing import Any
 
 from birdenv.errors import PoolClosedError, PoolTimeoutError, PreprocessError
-from birdenv.replicas import overlay
+from birdenv.replicas import descriptors, overlay
 from birdenv.replicas.session import Limits, Session, run_statement
 from birdenv.replicas.store import Base, BaseStore
 from birdenv.tasks import Task
 
-__all__ = ["STRATEGIES", "ReplicaPool", "default_pool", "default_root", "disk_usage"]
+__all__ = [
+    "MEMORY_FILESYSTEM",
+    "MEMORY_HEADROOM",
+    "STRATEGIES",
+    "ReplicaPool",
+    "default_pool",
+    "default_root",
+    "default_sessions_dir",
+    "disk_usage",
+    "is_memory_filesystem",
+]
 
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("auto", "overlay", "copy")
 _COPY_SUFFIXES = ("", "-journal", "-wal", "-shm")
+
+#: The memory filesystem sessions live on by default, where it exists.
+MEMORY_FILESYSTEM = Path("/dev/shm")
+#: Bytes a memory filesystem, and the machine's available memory, must keep free for a new session
+#: to go there; below that, new sessions go to disk.
+MEMORY_HEADROOM = 1 << 30
+_MEMORY_TYPES = frozenset({"tmpfs", "ramfs"})
+# How long a "there is room in memory" answer is trusted: the check reads /proc/meminfo.
+_ROOM_TTL = 0.25
 
 
 def default_root() -> Path:
@@ -51,6 +77,79 @@ def default_root() -> Path:
     from birdenv.suites import home
 
     return home() / "replicas"
+
+
+def _mounts() -> list[tuple[str, str]]:
+    try:
+        with open("/proc/self/mounts") as fh:
+            return [(f[1].replace("\\040", " "), f[2]) for f in (line.split() for line in fh)]
+    except OSError:
+        return []
+
+
+def is_memory_filesystem(path: str | Path) -> bool:
+    """Whether ``path`` (an existing folder) lies on a memory filesystem (tmpfs, ramfs)."""
+    real = os.path.realpath(path)
+    best, kind = "", None
+    for mount, fstype in _mounts():
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, fstype
+    return kind in _MEMORY_TYPES
+
+
+def _memory_home() -> Path | None:
+    """This user's folder on :data:`MEMORY_FILESYSTEM`, or None where there is no usable one."""
+    if not MEMORY_FILESYSTEM.is_dir() or not is_memory_filesystem(MEMORY_FILESYSTEM):
+        return None
+    home = MEMORY_FILESYSTEM / f"birdenv-{os.getuid()}"
+    try:
+        home.mkdir(mode=0o700, exist_ok=True)
+        st = home.lstat()
+    except OSError:
+        return None
+    # /dev/shm is shared by every user: a folder someone else made (or a link) is not ours to use.
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return home
+
+
+def default_sessions_dir(root: str | Path) -> Path:
+    """Where a pool on ``root`` makes its sessions unless told otherwise.
+
+    ``$BIRDENV_SESSIONS_DIR`` when set; else a folder for this root under
+    ``/dev/shm/birdenv-{uid}`` where ``/dev/shm`` is a memory filesystem; else ``{root}/sessions``.
+    """
+    configured = os.environ.get("BIRDENV_SESSIONS_DIR")
+    if configured:
+        return Path(configured)
+    home = _memory_home()
+    if home is None:
+        return Path(root) / "sessions"
+    digest = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:16]
+    return home / f"sessions-{digest}"
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _room(folder: Path) -> int:
+    """Bytes a new session may still use in ``folder``'s filesystem and the machine's memory."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return 0
+    free = st.f_bavail * st.f_frsize
+    memory = _available_memory()
+    return free if memory is None else min(free, memory)
 
 
 def disk_usage(paths: list[Path]) -> int:
@@ -83,7 +182,10 @@ class ReplicaPool:
     ...     with pool.session(task) as session:
     ...         session.execute("SELECT count(*) FROM orders").rows
 
-    Arguments (keyword-only): ``root`` (default ``$BIRDENV_HOME/replicas``), ``strategy``
+    Arguments: ``root`` (default ``$BIRDENV_HOME/replicas``: the bases, and sessions that fall back
+    to disk); keyword-only: ``sessions_dir`` (where sessions are made; default
+    :func:`default_sessions_dir`, a memory filesystem where there is one: while it has less than
+    :data:`MEMORY_HEADROOM` free, new sessions go to ``{root}/sessions`` instead), ``strategy``
     (``"auto"``, ``"overlay"`` or ``"copy"``), ``limits`` (deadline and caps of every statement),
     ``max_sessions`` (open sessions at once in this process; ``None``: unbounded), ``timeout``
     (seconds to wait for a free slot before :class:`PoolTimeoutError`).
@@ -93,6 +195,7 @@ class ReplicaPool:
         self,
         root: str | Path | None = None,
         *,
+        sessions_dir: str | Path | None = None,
         strategy: str = "auto",
         limits: Limits | None = None,
         max_sessions: int | None = None,
@@ -115,26 +218,68 @@ class ReplicaPool:
         self.limits = limits or Limits()
         self.timeout = timeout
         self.store = BaseStore(self.root)
-        self._sessions_dir = self.root / "sessions"
-        self._sessions_dir.mkdir(parents=True, exist_ok=True)
+        self.descriptors_raised_from = descriptors.raise_soft_limit()
+        if self.descriptors_raised_from is not None:
+            log.info(
+                "raised this process's soft limit on open files from %d to %d (its hard limit)",
+                self.descriptors_raised_from,
+                descriptors.limits()[0],
+            )
+        self.sessions_dir = Path(
+            sessions_dir if sessions_dir is not None else default_sessions_dir(self.root)
+        )
+        self.sessions_dir.mkdir(parents=True, exist_ok=True)
+        self.in_memory = is_memory_filesystem(self.sessions_dir)
+        disk = self.root / "sessions"
+        #: Where new sessions go while the memory filesystem lacks room (None: sessions are on disk).
+        self.fallback_dir: Path | None = (
+            disk if self.in_memory and disk.resolve() != self.sessions_dir.resolve() else None
+        )
         self._slots = threading.BoundedSemaphore(max_sessions) if max_sessions else None
         self._lock = threading.Lock()
         self._open: set[Session] = set()
         self._counter = itertools.count()
-        self._stats = {"leases": 0, "peak_sessions": 0, "resets": 0, "reset_seconds": 0.0}
+        self._stats = {
+            "leases": 0,
+            "peak_sessions": 0,
+            "resets": 0,
+            "reset_seconds": 0.0,
+            "fallbacks": 0,
+        }
+        self._room_until = 0.0
         self._closed = False
         self._pid = os.getpid()
         self._prefix = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._claims = [self._claim(folder) for folder in self._folders()]
+        self.swept = sum(self._sweep_orphans(folder) for folder in self._folders())
+        where = (
+            f"sessions in memory at {self.sessions_dir}"
+            if self.in_memory
+            else (f"sessions on disk at {self.sessions_dir}")
+        )
+        log.info("replica pool at %s, strategy %s, %s", self.root, self.strategy, where)
+
+    def _folders(self) -> list[Path]:
+        return [self.sessions_dir] + ([self.fallback_dir] if self.fallback_dir else [])
+
+    def _claim(self, folder: Path) -> tuple[Path, Any]:
+        """Hold this pool's lock file in ``folder`` (how sweepers there know it is alive)."""
         # Lock first, then publish under the final name, so a sweeper never sees it unlocked. The
         # staging name must not match the sweeper's "*.lock": between open() and flock() another
         # pool could take the free lock, call it an orphan and delete it.
-        staging = self._sessions_dir / f".{self._prefix}.lock-staging"
-        self._lockfile = open(staging, "w")  # noqa: SIM115 - held for the pool's lifetime
-        fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        self._lock_path = self._sessions_dir / f"{self._prefix}.lock"
-        os.replace(staging, self._lock_path)
-        self.swept = self._sweep_orphans()
-        log.info("replica pool at %s, strategy %s", self.root, self.strategy)
+        staging = folder / f".{self._prefix}.lock-staging"
+        for attempt in range(3):
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                lockfile = open(staging, "w")  # noqa: SIM115 - held for the pool's lifetime
+                break
+            except FileNotFoundError:  # a closing pool removed the empty folder meanwhile
+                if attempt == 2:
+                    raise
+        fcntl.flock(lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock_path = folder / f"{self._prefix}.lock"
+        os.replace(staging, lock_path)
+        return lock_path, lockfile
 
     # -- leasing -------------------------------------------------------------------------
     def session(
@@ -167,6 +312,9 @@ class ReplicaPool:
                     raise PreprocessError(
                         f"task {task.instance_id!r}: preprocess_sql statement {i} failed: {exc}"
                     ) from exc
+                except BaseException:  # out of descriptors, interrupted: the session goes back
+                    session.close()
+                    raise
         return session
 
     def open_base(
@@ -186,7 +334,7 @@ class ReplicaPool:
         wait = self.timeout if timeout is None else timeout
         if self._slots is not None and not self._slots.acquire(timeout=wait):
             raise PoolTimeoutError(f"no free session slot within {wait:g} s")
-        path = self._sessions_dir / f"{self._prefix}-{next(self._counter)}.db"
+        path = self._place(base) / f"{self._prefix}-{next(self._counter)}.db"
         try:
             connect = self._prepare(base, path)
             session = Session(
@@ -197,16 +345,35 @@ class ReplicaPool:
                 task_id=task_id,
                 exclusive=exclusive,
             )
-        except BaseException:
+        except BaseException as exc:
+            out = isinstance(exc, (sqlite3.OperationalError, OSError)) and descriptors.exhausted()
             self._discard(path)
             if self._slots is not None:
                 self._slots.release()
+            if out:
+                raise descriptors.limit_error("cannot open a session") from exc
             raise
         with self._lock:
             self._open.add(session)
             self._stats["leases"] += 1
             self._stats["peak_sessions"] = max(self._stats["peak_sessions"], len(self._open))
         return session
+
+    def _place(self, base: Base) -> Path:
+        """The folder of a new session: memory while it has room, else the fallback on disk."""
+        if self.fallback_dir is None:
+            return self.sessions_dir
+        now = time.monotonic()
+        if now < self._room_until:
+            return self.sessions_dir
+        # A copy needs the whole base beside the headroom; an overlay only its changes.
+        need = MEMORY_HEADROOM + (base.size if self.strategy == "copy" else 0)
+        if _room(self.sessions_dir) >= need:
+            self._room_until = now + _ROOM_TTL
+            return self.sessions_dir
+        with self._lock:
+            self._stats["fallbacks"] += 1
+        return self.fallback_dir
 
     def _prepare(self, base: Base, path: Path):
         limit = self.limits.max_session_bytes
@@ -256,17 +423,17 @@ class ReplicaPool:
                     self._slots.release()
 
     # -- housekeeping --------------------------------------------------------------------
-    def _sweep_orphans(self) -> int:
+    def _sweep_orphans(self, folder: Path) -> int:
         """Delete session files left by dead processes (their lock file is no longer held)."""
         swept = 0
-        for lock_path in self._sessions_dir.glob("*.lock"):
+        for lock_path in folder.glob("*.lock"):
             prefix = lock_path.stem
             if prefix == self._prefix:
                 continue
             try:
                 with open(lock_path, "a") as fh:
                     fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    for orphan in self._sessions_dir.glob(f"{prefix}-*"):
+                    for orphan in folder.glob(f"{prefix}-*"):
                         orphan.unlink(missing_ok=True)
                         swept += 1
                     lock_path.unlink(missing_ok=True)
@@ -275,20 +442,38 @@ class ReplicaPool:
             except FileNotFoundError:
                 continue  # another pool swept it first
         if swept:
-            log.info("swept %d orphaned session files", swept)
+            log.info("swept %d orphaned session files in %s", swept, folder)
         return swept
 
     def stats(self) -> dict[str, Any]:
-        """Counters: strategy, open and peak sessions, bytes on disk, resets and mean reset time."""
+        """Counters: strategy, open and peak sessions, where sessions live, bytes they hold,
+        resets and mean reset time, and the process's file descriptors.
+
+        ``sessions_dir`` and ``sessions_in_memory`` say where new sessions go; open sessions are
+        counted by place (``open_in_memory``, ``open_on_disk``) and ``fallbacks`` counts the
+        sessions sent to disk for lack of room in memory. ``bytes_on_disk`` is the bases plus the
+        sessions' files, wherever they are. ``descriptor_limit`` is the soft limit now,
+        ``descriptor_limit_raised_from`` what it was before this pool raised it (None: unchanged).
+        """
         with self._lock:
             stats = dict(self._stats)
             stats["open_sessions"] = len(self._open)
+            on_disk = sum(s.path.parent != self.sessions_dir for s in self._open)
         resets = stats.pop("reset_seconds")
         stats["mean_reset_ms"] = 1000 * resets / stats["resets"] if stats["resets"] else 0.0
         stats["strategy"] = self.strategy
+        stats["sessions_dir"] = str(self.sessions_dir)
+        stats["sessions_in_memory"] = self.in_memory
+        stats["open_in_memory"] = stats["open_sessions"] - on_disk if self.in_memory else 0
+        stats["open_on_disk"] = on_disk if self.in_memory else stats["open_sessions"]
         stats["bases_bytes"] = disk_usage(self.store.bases())
-        stats["sessions_bytes"] = disk_usage(list(self._sessions_dir.glob(f"{self._prefix}-*")))
+        stats["sessions_bytes"] = disk_usage(
+            [p for folder in self._folders() for p in folder.glob(f"{self._prefix}-*")]
+        )
         stats["bytes_on_disk"] = stats["bases_bytes"] + stats["sessions_bytes"]
+        stats["descriptor_limit"] = descriptors.limits()[0]
+        stats["descriptor_limit_raised_from"] = self.descriptors_raised_from
+        stats["descriptors_in_use"] = descriptors.in_use()
         return stats
 
     def close(self) -> None:
@@ -298,9 +483,14 @@ class ReplicaPool:
         for session in list(self._open):
             session.close()
         self._closed = True
-        with contextlib.suppress(OSError):
-            os.unlink(self._lock_path)
-        self._lockfile.close()
+        for lock_path, lockfile in self._claims:
+            with contextlib.suppress(OSError):
+                os.unlink(lock_path)
+            lockfile.close()
+        if self.in_memory:
+            # An empty folder in memory is clutter; another pool starting there re-creates it.
+            with contextlib.suppress(OSError):
+                self.sessions_dir.rmdir()
 
     def __enter__(self) -> ReplicaPool:
         return self
@@ -309,7 +499,11 @@ class ReplicaPool:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<ReplicaPool {self.root} strategy={self.strategy} open={len(self._open)}>"
+        where = "memory" if self.in_memory else "disk"
+        return (
+            f"<ReplicaPool {self.root} strategy={self.strategy} sessions={where} "
+            f"open={len(self._open)}>"
+        )
 
 
 _pools: dict[int, ReplicaPool] = {}

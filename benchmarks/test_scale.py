@@ -1,0 +1,192 @@
+"""Host scale (issue 15): 2,048 concurrent trajectories on one host, on the 165 MB database.
+
+Run (slow, so never part of the default set)::
+
+    BIRDENV_HOME=/tmp/bench-home nice -n 10 .venv/bin/python -m pytest benchmarks/test_scale.py \
+        --benchmark-only -q -m slow
+
+Every trajectory leases an exclusive session on retail_orders (as the environments do) and all of
+them stay open together. Turn by turn, round-robin over the open trajectories (what a vector env
+does between two generations), each runs the same mix of reads and writes on rows of its own; then
+every session checks that it sees its own writes and nobody else's, and all are closed. Timed: the
+open of each session, each statement, the close of each session; measured while all are open: the
+process's RSS and descriptors. Side by side in one run: the overlay with its sessions in memory (the
+default), the overlay with its sessions on disk, and the copy strategy. 2,048 private copies of
+165 MB would need 338 GB, so the copy strategy runs at ``COPY_N`` trajectories, beside the overlay
+at the same N.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import overlay_or_skip
+
+from birdenv.replicas import ReplicaPool, descriptors
+from birdenv.replicas.pool import disk_usage
+from birdenv.tasks import Task
+
+#: Concurrent trajectories (the paper's stage-4 batch); ``BIRDENV_BENCH_SCALE_N`` overrides.
+N = int(os.environ.get("BIRDENV_BENCH_SCALE_N", "2048"))
+#: Trajectories of the copy strategy (and of the overlay beside it): 32 copies are 5.3 GB.
+COPY_N = int(os.environ.get("BIRDENV_BENCH_SCALE_COPY_N", "32"))
+#: One database row range per trajectory, disjoint from every other trajectory's.
+_ORDERS_PER_TRAJECTORY = 150
+
+
+def turns(k: int) -> list[tuple[str, str]]:
+    """Trajectory ``k``'s statements, ``(kind, sql)``, on rows of its own (customers ``1 + k``,
+    orders ``1 + 150 k`` and on): lookups, an aggregate, and writes of one to 150 rows."""
+    customer = 1 + k
+    first, last = 1 + _ORDERS_PER_TRAJECTORY * k, _ORDERS_PER_TRAJECTORY * (k + 1)
+    return [
+        ("read", f"SELECT * FROM customers WHERE customer_id = {customer}"),
+        (
+            "read",
+            f"SELECT order_id, status, total_amount FROM orders WHERE customer_id = {customer}",
+        ),
+        ("write", f"UPDATE customers SET city = 'moved-{k}' WHERE customer_id = {customer}"),
+        (
+            "write",
+            "INSERT INTO orders (customer_id, order_ts, status, total_amount) "
+            f"VALUES ({customer}, '2024-06-01 12:00:00', 'new', {k}.5)",
+        ),
+        (
+            "read",
+            "SELECT status, count(*), round(sum(total_amount), 2) FROM orders "
+            f"WHERE order_id BETWEEN {first} AND {last} GROUP BY status",
+        ),
+        (
+            "write",
+            f"UPDATE orders SET status = 'audited-{k}' WHERE order_id BETWEEN {first} AND {last}",
+        ),
+        (
+            "read",
+            "SELECT count(*) FROM orders o JOIN customers c ON c.customer_id = o.customer_id "
+            f"WHERE o.order_id BETWEEN {first} AND {last} AND o.status = 'audited-{k}'",
+        ),
+    ]
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def _percentiles(seconds: list[float]) -> dict[str, float]:
+    cuts = statistics.quantiles(seconds, n=100, method="inclusive")
+    return {"p50_ms": 1000 * cuts[49], "p99_ms": 1000 * cuts[98], "max_ms": 1000 * max(seconds)}
+
+
+def run_scale(task: Task, root: Path, n: int, *, strategy: str, on_disk: bool) -> dict[str, Any]:
+    """Open ``n`` trajectories at once, play their turns round-robin, check isolation, close."""
+    sessions_dir = root / "sessions" if on_disk else None
+    with ReplicaPool(root=root, strategy=strategy, sessions_dir=sessions_dir) as pool:
+        base = pool.store.base_for(task.db_path)
+        rss0, fds0 = _rss(), descriptors.in_use() or 0
+        opens, sessions = [], []
+        for _ in range(n):
+            start = time.perf_counter()
+            sessions.append(pool.open_base(base, exclusive=True))
+            opens.append(time.perf_counter() - start)
+        scripts = [turns(k) for k in range(n)]
+        latency: dict[str, list[float]] = {"read": [], "write": []}
+        errors = []
+        started = time.perf_counter()
+        for turn in range(len(scripts[0])):
+            for k, session in enumerate(sessions):
+                kind, sql = scripts[k][turn]
+                start = time.perf_counter()
+                result = session.execute(sql)
+                latency[kind].append(time.perf_counter() - start)
+                if not result.ok:
+                    errors.append(f"trajectory {k}, turn {turn}: {result.error}")
+        statements_s = time.perf_counter() - started
+        for k, session in enumerate(sessions):
+            # its own writes, and not its neighbour's
+            other = (k + 1) % n
+            rows = session.execute(
+                f"SELECT (SELECT city FROM customers WHERE customer_id = {1 + k}), "
+                f"(SELECT city FROM customers WHERE customer_id = {1 + other}), "
+                f"(SELECT count(*) FROM orders WHERE status = 'audited-{other}')"
+            ).rows
+            if rows[0][0] != f"moved-{k}" or rows[0][1] == f"moved-{other}" or rows[0][2]:
+                errors.append(f"trajectory {k}: isolation broken: {rows}")
+        stats = pool.stats()
+        rss, fds = _rss() - rss0, (descriptors.in_use() or 0) - fds0
+        session_bytes = disk_usage(
+            [p for s in sessions for p in s.path.parent.glob(f"{s.path.name}*")]
+        )
+        closes = []
+        for session in sessions:
+            start = time.perf_counter()
+            session.close()
+            closes.append(time.perf_counter() - start)
+    statements = latency["read"] + latency["write"]
+    return {
+        "n": n,
+        "strategy": strategy,
+        "sessions": "disk" if stats["open_on_disk"] else "memory",
+        "sessions_dir": stats["sessions_dir"] if not on_disk else str(sessions_dir),
+        "errors": len(errors),
+        "first_errors": errors[:5],
+        "open_total_s": sum(opens),
+        "open": _percentiles(opens),
+        "statements": len(statements),
+        "statements_s": statements_s,
+        "statement": _percentiles(statements),
+        "read": _percentiles(latency["read"]),
+        "write": _percentiles(latency["write"]),
+        "close_total_s": sum(closes),
+        "close": _percentiles(closes),
+        "rss_per_session_kb": rss / n / 1024,
+        "fds_per_session": fds / n,
+        "private_bytes_per_session": session_bytes / n,
+        "descriptor_limit": stats["descriptor_limit"],
+    }
+
+
+def in_fresh_process(task: Task, root: Path, n: int, **kwargs: Any) -> dict[str, Any]:
+    """:func:`run_scale` in a new interpreter, so that RSS starts from the same baseline every
+    time (a process that already held sessions reuses their freed memory)."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as executor:
+        return executor.submit(run_scale, task, root, n, **kwargs).result()
+
+
+@pytest.mark.slow
+def test_scale_2048_trajectories(benchmark, all_tasks, tmp_path) -> None:
+    """2,048 concurrent writers: overlay in memory (timed by pytest-benchmark), overlay on disk,
+    and the copy strategy at ``COPY_N`` beside the overlay at ``COPY_N``, each in a fresh process.
+    Goal: close p99 <= 5 ms and no error."""
+    overlay_or_skip()
+    task = next(t for t in all_tasks if t.db_id == "retail_orders")
+    memory = benchmark.pedantic(
+        in_fresh_process,
+        args=(task, tmp_path / "memory", N),
+        kwargs={"strategy": "overlay", "on_disk": False},
+        rounds=1,
+        iterations=1,
+    )
+    disk = in_fresh_process(task, tmp_path / "disk", N, strategy="overlay", on_disk=True)
+    copy = in_fresh_process(task, tmp_path / "copy", COPY_N, strategy="copy", on_disk=True)
+    small = in_fresh_process(task, tmp_path / "small", COPY_N, strategy="overlay", on_disk=False)
+    benchmark.extra_info.update(
+        overlay_memory=memory,
+        overlay_disk=disk,
+        copy_disk=copy,
+        overlay_memory_at_copy_n=small,
+        goal_met=memory["close"]["p99_ms"] <= 5 and memory["errors"] == 0,
+    )
+    for run in (memory, disk, copy, small):
+        assert run["errors"] == 0, run["first_errors"]
