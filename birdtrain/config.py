@@ -21,6 +21,7 @@ __all__ = [
     "EvalConfig",
     "GRPOStageConfig",
     "ModelConfig",
+    "PromptConfig",
     "SFTStageConfig",
     "load_config",
 ]
@@ -59,6 +60,31 @@ class ModelConfig:
             raise ValueError(
                 f"model.dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
             )
+
+
+@dataclasses.dataclass
+class PromptConfig:
+    """How every prompt shows its database: synthesis, training and evaluation use this one
+    setting, so a model is tested on the prompts it learned from (``birdenv.schema.PromptOptions``)."""
+
+    schema: str = _field(
+        "full",
+        "'full' (every table: the benchmark's form) or 'linked' (the tables the issue SQL or the "
+        "question names, plus their foreign-key neighbours: several times shorter)",
+    )
+    sample_rows: bool = _field(True, "show the first three rows of each table")
+
+    def __post_init__(self) -> None:
+        self.options()  # raises on a value PromptOptions refuses
+
+    def options(self) -> Any:
+        """The :class:`birdenv.schema.PromptOptions` the environments and prompts take."""
+        from birdenv.schema import PromptOptions
+
+        try:
+            return PromptOptions(schema=self.schema, sample_rows=self.sample_rows)
+        except ValueError as exc:
+            raise ValueError(f"prompt: {exc}") from None
 
 
 @dataclasses.dataclass
@@ -144,6 +170,24 @@ class SFTStageConfig:
             raise ValueError(f"turns must be 'each', 'first' or 'whole', got {self.turns!r}")
 
 
+def _check_rl(stage: Any, name: str) -> None:
+    """Settings every GRPO stage shares, checked with the fix in the message."""
+    if not stage.temperature > 0:
+        raise ValueError(
+            f"{name}.temperature must be > 0 (GRPO samples a group of different answers; TRL "
+            f"divides the logits by it), got {stage.temperature}; e.g. {name}.temperature=0.7"
+        )
+    if stage.dynamic_sampling_rounds < 0:
+        raise ValueError(
+            f"{name}.dynamic_sampling_rounds must be >= 0, got {stage.dynamic_sampling_rounds}"
+        )
+    if stage.difficulty_samples < 2:
+        raise ValueError(
+            f"{name}.difficulty_samples must be >= 2 to tell 0 < p < 1, got "
+            f"{stage.difficulty_samples}"
+        )
+
+
 @dataclasses.dataclass
 class GRPOStageConfig:
     """Stage 3: single-turn GRPO rewarded by the judge's verdict on the ``<solution>``."""
@@ -160,7 +204,21 @@ class GRPOStageConfig:
     format_reward_weight: float = _field(
         0.1, "weight of the <thought>/<solution> format reward (0 disables it)"
     )
+    dynamic_sampling_rounds: int = _field(
+        2,
+        "rounds of replacement tasks for groups whose rewards are all equal (no advantage); "
+        "0 turns dynamic sampling off",
+    )
+    difficulty_filter: bool = _field(
+        False,
+        "train only on tasks the starting policy solves sometimes (0 < pass rate < 1), "
+        "estimated with difficulty_samples samples each (RUN_DIR/difficulty/stage3.json)",
+    )
+    difficulty_samples: int = _field(8, "samples per task for the pass-rate estimate")
     use_vllm: bool = _field(False, "generate with vLLM (GPU machines with the vllm extra)")
+
+    def __post_init__(self) -> None:
+        _check_rl(self, "stage3")
 
 
 @dataclasses.dataclass
@@ -184,9 +242,21 @@ class AgenticConfig:
     )
     vector: str = _field("async", "'async' or 'sync' vector environment")
     num_envs: int = _field(8, "environments in the vector env")
+    dynamic_sampling_rounds: int = _field(
+        2,
+        "rounds of replacement tasks for groups whose rewards are all equal (no advantage); "
+        "0 turns dynamic sampling off",
+    )
+    difficulty_filter: bool = _field(
+        False,
+        "train only on tasks the starting policy solves sometimes as an agent (0 < pass rate "
+        "< 1), estimated with difficulty_samples rollouts each (RUN_DIR/difficulty/stage4.json)",
+    )
+    difficulty_samples: int = _field(4, "rollouts per task for the pass-rate estimate")
     use_vllm: bool = _field(False, "generate with vLLM (GPU machines with the vllm extra)")
 
     def __post_init__(self) -> None:
+        _check_rl(self, "stage4")
         if self.vector not in ("async", "sync"):
             raise ValueError(f"stage4.vector must be 'async' or 'sync', got {self.vector!r}")
         if self.reward not in ("binary", "fraction"):
@@ -237,6 +307,7 @@ class CurriculumConfig:
         default_factory=list, metadata={"help": "'tensorboard', 'wandb' where installed"}
     )
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    prompt: PromptConfig = dataclasses.field(default_factory=PromptConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     stage1: SFTStageConfig = dataclasses.field(default_factory=SFTStageConfig)
     stage2: SFTStageConfig = dataclasses.field(

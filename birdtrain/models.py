@@ -23,6 +23,7 @@ __all__ = [
     "build_smollm",
     "build_tiny_model",
     "load_policy",
+    "load_tokenizer",
     "lora_config",
     "prompt_corpus",
     "resolve_model",
@@ -202,16 +203,52 @@ def resolve_model(name_or_path: str, *, cache: str | Path | None = None) -> str:
     return name_or_path
 
 
+def load_tokenizer(name_or_path: str) -> Any:
+    """The tokenizer of a policy, with the one chat rendering every stage uses.
+
+    Rollouts keep the tokens a model sampled, so from the second turn on the context shows the
+    model's earlier turns as it wrote them, ``<think>`` block included. Qwen3's template drops
+    that block from earlier turns, so supervised turns would sit in a context the model never
+    sees when it acts. A template that is not prefix-preserving is therefore replaced by TRL's
+    training form of it (the one TRL's own multi-turn GRPO switches to), after its response parser
+    is attached (TRL recognises a template by its exact text). Checkpoints saved by the stages
+    carry the replaced template, so this is done once.
+    """
+    import logging
+
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import add_response_schema, get_training_chat_template
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.chat_template is None:
+        return tokenizer
+    try:
+        training = get_training_chat_template(tokenizer)
+    except ValueError as exc:
+        logging.getLogger(__name__).warning(
+            "%s: %s Earlier turns may render differently in supervised data and in rollouts.",
+            name_or_path,
+            exc,
+        )
+        return tokenizer
+    if training is not None:
+        if getattr(tokenizer, "response_template", None) is None:
+            add_response_schema(tokenizer)
+        tokenizer.chat_template = training
+    return tokenizer
+
+
 def load_policy(name_or_path: str, *, dtype: str = "auto") -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` for generation or training (names as :func:`resolve_model`)."""
+    """Load ``(model, tokenizer)`` for generation or training (names as :func:`resolve_model`;
+    the tokenizer as :func:`load_tokenizer`)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     path = resolve_model(name_or_path)
     torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     return model, tokenizer
 

@@ -33,6 +33,7 @@ __all__ = [
     "get_reward",
     "register_tasks",
     "score_submission",
+    "score_text",
     "solution_reward",
 ]
 
@@ -45,9 +46,11 @@ _TASKS: dict[str, Task | BirdTask] = {}
 _BUNDLED_SUITES = ("gym-mini", "critic-mini", *BIRD_SUITES)
 _bundled_loaded = False
 
-# One <thought>, then one <solution>, nothing of substance around them.
+# One <thought>, then one <solution>, nothing of substance around them. A leading <think> block
+# is the chat template's reasoning slot (Qwen3's templates open every assistant turn with one, and
+# a model without a <think> special token keeps it in decoded text), not part of the answer.
 _FORMAT = re.compile(
-    r"\A\s*<thought>(?P<thought>(?:(?!<thought>|</thought>).)+?)</thought>\s*"
+    r"\A\s*(?:<think>(?:(?!</think>).)*</think>\s*)?<thought>(?P<thought>(?:(?!<thought>|</thought>).)+?)</thought>\s*"
     r"<solution>(?P<solution>(?:(?!<solution>|</solution>).)+?)</solution>\s*\Z",
     re.DOTALL,
 )
@@ -149,33 +152,40 @@ def solution_reward(
     ...                 task_id=[task.instance_id] * 3)
     [1.0, 0.0, 0.0]
     """
+    return [
+        score_text(_task(tid, tasks), completion_text(completion))
+        for completion, tid in zip(completions, task_id, strict=True)
+    ]
+
+
+def score_text(task: Task | BirdTask, text: str) -> float:
+    """1.0 when the ``<solution>`` of an answer's text is correct for ``task``, else 0.0.
+
+    An answer without statements scores 0.0 without being judged. Judged in this process, in
+    order: measured faster than judge_many's worker pool for GRPO-sized batches.
+    """
     from birdtrain.prompts import parse_solution
 
-    rewards: list[float | None] = []
-    for completion, tid in zip(completions, task_id, strict=True):
-        statements = [s for s in parse_solution(completion_text(completion)) if s.strip()]
-        if not statements:
-            rewards.append(0.0)
-            continue
-        # One process, in order: measured faster than judge_many's worker pool for GRPO-sized
-        # batches (see tests/test_stages.py and the stage-3 notes in the report).
-        rewards.append(float(score_submission(_task(tid, tasks), statements).passed))
-    return rewards
+    statements = [s for s in parse_solution(text) if s.strip()]
+    if not statements:
+        return 0.0
+    return float(score_submission(task, statements).passed)
 
 
 def format_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
     """1.0 for a well-formed ``<thought>…</thought>`` then ``<solution>…</solution>`` answer, else 0.0.
 
     Both parts must be non-empty, appear once each, in that order, with nothing but white space
-    around them.
+    around them; the chat template's ``<think>…</think>`` block may open the answer.
 
     >>> format_reward(None, [
     ...     "<thought>The join drops NULLs.</thought>\\n<solution>\\n```sql\\nSELECT 1\\n```\\n</solution>",
     ...     "<solution>SELECT 1</solution>",
     ...     "<thought>a</thought><solution>SELECT 1</solution> and more",
     ...     [{"role": "assistant", "content": "<thought>a</thought><solution>b</solution>"}],
+    ...     "<think>\\n\\n</think>\\n\\n<thought>a</thought><solution>b</solution>",
     ... ])
-    [1.0, 0.0, 0.0, 1.0]
+    [1.0, 0.0, 0.0, 1.0, 1.0]
     """
     return [
         1.0 if (m := _FORMAT.match(completion_text(c))) and m["solution"].strip() else 0.0

@@ -272,7 +272,10 @@ def test_two_grpo_steps_async_tiny_model(shop_tasks: list, tiny: Path, tmp_path:
     """GRPO with the tiny model generating, through the default async vector env."""
     from birdtrain.stages import agentic
 
-    cfg = _stage4_config(vector="async", num_envs=2, tasks_per_step=1, max_new_tokens=8)
+    # No dynamic sampling: every step rolls out exactly its own task (2 rollouts x 2 turns).
+    cfg = _stage4_config(
+        vector="async", num_envs=2, tasks_per_step=1, max_new_tokens=8, dynamic_sampling_rounds=0
+    )
     checkpoint = agentic.run(cfg, model_path=str(tiny), out_dir=tmp_path / "s4", tasks=shop_tasks)
     assert (checkpoint / "model.safetensors").is_file()
     steps = _read_metrics(tmp_path / "s4" / "metrics.jsonl")
@@ -309,9 +312,92 @@ def test_dropped_rollouts_get_no_reward_and_no_loss(shop_tasks: list, tokenizer:
         [prompt] * 2,
         [[]] * 2,
         log_metric=logged.__setitem__,
-        **{k: v for k, v in out.items() if k.startswith("agent_")},
+        **{k: v for k, v in out.items() if k.startswith(("agent_", "sampling_"))},
     )
     assert rewards == [None, None] and logged["agentic/dropped"] == 2.0
+
+
+@pytest.mark.parametrize("rounds", [0, 2])
+def test_dynamic_sampling_replaces_groups_without_variance(
+    rounds: int, shop_tasks: list, tokenizer: Any
+) -> None:
+    """A group whose rollouts all fail is replaced by another task's informative group."""
+    from birdtrain.stages.agentic import make_reward_func, make_rollout_func
+
+    scripts = {**SCRIPTS, "shop_3": [[format_tool_call("submit_solution", sql_list=[WRONG_1])]]}
+    tasks = [t for t in shop_tasks if t.instance_id in ("shop_1", "shop_3")]
+    cfg = _stage4_config(dynamic_sampling_rounds=rounds, max_new_tokens=200)
+
+    class Trainer:
+        processing_class = tokenizer
+
+    with contextlib.closing(make_vec(2, tasks=tasks, asynchronous=False)) as envs:
+        func = make_rollout_func(
+            envs,
+            cfg.stage4,
+            lambda trainer: ScriptedPolicy(tokenizer, tasks, scripts),
+            pool=["shop_1", "shop_3"],
+        )
+        prompt = [{"role": "user", "content": "shop_3"}]
+        out = func([prompt, prompt], Trainer())
+    logged: dict[str, float] = {}
+    rewards = make_reward_func()(
+        [prompt] * 2,
+        [[]] * 2,
+        log_metric=logged.__setitem__,
+        **{k: v for k, v in out.items() if k.startswith(("agent_", "sampling_"))},
+    )
+    assert logged["sampling/frac_reward_zero_std_before"] == 1.0
+    if rounds:
+        # shop_1's group (a pass and a fail) took the slot; 4 rollouts were spent for it.
+        assert sorted(rewards) == [0.0, 1.0]
+        assert logged["sampling/frac_reward_zero_std_after"] == 0.0
+        assert logged["sampling/resampled_groups"] == 1.0 and logged["sampling/rollouts"] == 4.0
+    else:
+        assert rewards == [0.0, 0.0] and logged["sampling/frac_reward_zero_std_after"] == 1.0
+        assert logged["sampling/resampled_groups"] == 0.0 and logged["sampling/rollouts"] == 2.0
+
+
+class Submits:
+    """A policy that submits one fixed list of statements on its first turn."""
+
+    def __init__(self, tokenizer: Any, sql_list: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.turn = format_tool_call("submit_solution", sql_list=sql_list)
+
+    def generate(self, batch: list, *, max_new_tokens: int, temperature: float) -> list:
+        ids = [*self.tokenizer(self.turn, add_special_tokens=False)["input_ids"]]
+        return [([*ids, self.tokenizer.eos_token_id], [-0.5] * (len(ids) + 1)) for _ in batch]
+
+
+def test_fraction_reward_scores_bird_questions(tokenizer: Any) -> None:
+    """``reward: fraction`` gives a right BIRD answer the environment's reward (1), not 0."""
+    from birdenv.vector import load_source
+    from birdtrain.stages.agentic import make_rollout_func
+
+    question = load_source("bird-mini-eval")[0]
+    cfg = _stage4_config(reward="fraction", max_new_tokens=400, dynamic_sampling_rounds=0)
+
+    class Trainer:
+        processing_class = tokenizer
+
+    with contextlib.closing(make_vec(2, tasks=[question], reward="fraction")) as envs:
+        func = make_rollout_func(
+            envs, cfg.stage4, lambda trainer: Submits(tokenizer, [question.SQL])
+        )
+        prompt = [{"role": "user", "content": question.instance_id}]
+        out = func([prompt, prompt], Trainer())
+    assert out["agent_passed"] == [True, True] and out["agent_reward"] == [1.0, 1.0]
+
+
+def test_stage4_refuses_fewer_tasks_than_one_step(shop_tasks: list, tiny: Path, tmp_path: Path):
+    """TRL drops an incomplete batch: 1 task with tasks_per_step=2 would train zero steps."""
+    from birdtrain.stages import StageError, agentic
+
+    cfg = _stage4_config(vector="sync", tasks_per_step=2)
+    with pytest.raises(StageError, match=r"stage4.tasks_per_step=2"):
+        agentic.run(cfg, model_path=str(tiny), out_dir=tmp_path / "s4", tasks=shop_tasks[:1])
+    assert not (tmp_path / "s4" / "checkpoint").exists()
 
 
 def test_generation_policy_picks_an_engine_that_exists(tiny: Path) -> None:

@@ -15,7 +15,73 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["save_checkpoint", "silence_trl_experimental", "trainer_device_args", "write_metrics"]
+__all__ = [
+    "StageError",
+    "check_batches",
+    "finish_stage",
+    "prompt_groups",
+    "save_checkpoint",
+    "silence_trl_experimental",
+    "stage_actor",
+    "trainer_device_args",
+    "write_metrics",
+]
+
+
+class StageError(ValueError):
+    """A stage cannot train as configured (the message names the setting to change)."""
+
+
+def check_batches(stage: str, rows: int, per_step: int, key: str) -> None:
+    """Refuse a data set smaller than one step's batch.
+
+    TRL's GRPO sampler drops an incomplete batch, so 3 tasks with 4 per step would train zero
+    steps and still "finish".
+    """
+    if rows < per_step:
+        raise StageError(
+            f"{stage}: {rows} training task(s) left but {stage}.{key}={per_step}; one optimizer "
+            f"step needs {per_step}: lower {stage}.{key} to at most {rows}, or train on more tasks"
+        )
+
+
+def prompt_groups(prompts: list[Any]) -> tuple[list[str], int]:
+    """The distinct tasks of a GRPO generation batch, and the group size.
+
+    A GRPO stage's dataset row names its task as the (conversational) prompt's content; TRL 1.16
+    hands ``rollout_func`` each prompt repeated ``num_generations`` times in a row.
+    """
+    ids = [p[-1]["content"] if isinstance(p, list) else str(p) for p in prompts]
+    unique = list(dict.fromkeys(ids))
+    group = len(ids) // len(unique)
+    if [t for t in unique for _ in range(group)] != ids:
+        raise RuntimeError(f"expected each prompt repeated {group} times in a row, got {ids}")
+    return unique, group
+
+
+def stage_actor(trainer: Any, use_vllm: bool, policy: Any = None) -> Any:
+    """The sampler of a GRPO stage's rollouts: ``policy(trainer)`` when given (scripted actors,
+    tests), else the trainer's vLLM engine (``use_vllm``) or the trained model itself."""
+    from birdtrain import policies
+
+    if policy is not None:
+        return policy(trainer)
+    if use_vllm:
+        return policies.VLLMPolicy(trainer)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return policies.TransformersPolicy(model, trainer.processing_class)
+
+
+def finish_stage(trainer: Any, stage: str, out_dir: Path, extra: Any = None) -> Path:
+    """After ``trainer.train()``: refuse a run of zero optimizer steps, write ``metrics.jsonl``,
+    save the merged checkpoint; return its path."""
+    if trainer.state.global_step == 0:
+        raise StageError(
+            f"{stage} ran zero optimizer steps (its data loader yielded no full batch): lower its "
+            "batch size or train on more examples; no checkpoint was saved"
+        )
+    write_metrics(trainer.state.log_history, out_dir / "metrics.jsonl", extra=extra)
+    return save_checkpoint(trainer.model, trainer.processing_class, out_dir / "checkpoint")
 
 
 def trainer_device_args(dtype: str) -> dict[str, Any]:

@@ -30,18 +30,22 @@ reward function (verdicts + per-step metrics) → ``GRPOConfig`` → train → m
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from birdenv.tasks import Task
 from birdenv.vector import load_source, task_category
-from birdtrain import policies, rollout
+from birdtrain import rollout
+from birdtrain.sampling import Group, dynamic_sample
 from birdtrain.stages import (
-    save_checkpoint,
+    check_batches,
+    finish_stage,
+    prompt_groups,
     silence_trl_experimental,
+    stage_actor,
     trainer_device_args,
-    write_metrics,
 )
 from birdtrain.trajectory_store import TrajectoryStore, episode_rows
 
@@ -80,69 +84,75 @@ def build_dataset(tasks: Sequence[Task]) -> Any:
     )
 
 
-def _reward_of(traj: rollout.Episode, mode: str) -> float | None:
-    """The GRPO reward of a trajectory: None when it broke, else from the judge's verdict."""
-    if traj.dropped:
-        return None
-    if traj.verdict is None:  # no submission: out of turns or context
-        return 0.0
-    if mode == "fraction":
-        total = traj.verdict.get("tests_total") or 0
-        return (traj.verdict.get("tests_passed") or 0) / total if total else 0.0
-    return 1.0 if traj.verdict.get("status") == "success" else 0.0
+def _reward_of(traj: rollout.Episode) -> float | None:
+    """The GRPO reward of a trajectory: None when it broke, else the environment's own reward.
+
+    The environment's reward is the verdict under its ``reward`` setting (``binary`` or
+    ``fraction``, execution accuracy for BIRD questions); a rollout that never submitted got 0.
+    """
+    return None if traj.dropped else traj.reward
 
 
 def make_rollout_func(
-    envs: Any, stage: Any, policy: Any = None, store: Any = None, categories: dict | None = None
+    envs: Any,
+    stage: Any,
+    policy: Any = None,
+    store: Any = None,
+    categories: dict | None = None,
+    *,
+    pool: Sequence[str] | None = None,
+    seed: int = 0,
 ) -> Any:
     """TRL's ``rollout_func(prompts, trainer)`` collecting multi-turn rollouts in ``envs``.
 
     TRL 1.16 passes the generation batch's prompts already repeated ``num_generations`` times
-    (consecutively); we roll each distinct task out ``num_generations`` times and hand the
-    trajectories back in the prompts' order. ``policy(trainer) -> Policy`` replaces the trainer's
-    own model as the actor (scripted baselines, tests); by default the trainer's model generates
-    (vLLM when ``stage.use_vllm``). With a ``store`` (a :class:`~birdtrain.trajectory_store.TrajectoryStore`)
-    every rollout is appended to it, one row per turn.
+    (consecutively); each distinct task is rolled out ``num_generations`` times. With
+    ``stage.dynamic_sampling_rounds`` a group whose rewards are all equal is replaced by the group
+    of a task drawn from ``pool`` (default: the batch's tasks only, i.e. no replacements), up to
+    that many rounds (:func:`birdtrain.sampling.dynamic_sample`); the batch handed back holds one
+    group per slot, in the prompts' slots. ``policy(trainer) -> Policy`` replaces the trainer's own
+    model as the actor (scripted baselines, tests); by default the trainer's model generates (vLLM
+    when ``stage.use_vllm``). With a ``store`` (a
+    :class:`~birdtrain.trajectory_store.TrajectoryStore`) every rollout is appended to it, one row per
+    turn, replaced groups included.
     """
+    rng = random.Random(seed)
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
-        task_ids = [p[-1]["content"] if isinstance(p, list) else str(p) for p in prompts]
-        unique = list(dict.fromkeys(task_ids))
-        counts = {t: task_ids.count(t) for t in unique}
-        group = max(counts.values())
-        if policy is not None:
-            actor: policies.Policy = policy(trainer)
-        elif stage.use_vllm:
-            actor = policies.VLLMPolicy(trainer)
-        else:
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            actor = policies.TransformersPolicy(model, trainer.processing_class)
-        trajectories = rollout.collect(
-            envs,
-            actor,
-            unique,
-            num_generations=group,
-            max_turns=stage.max_turns,
-            max_new_tokens=stage.max_new_tokens,
-            temperature=stage.temperature,
-            max_context=stage.max_context,
-        )
-        if store is not None:
-            step = trainer.state.global_step
-            store.append(
-                row
-                for traj in trajectories
-                for row in episode_rows(
-                    traj,
-                    category=(categories or {}).get(traj.task_id, ""),
-                    stage="stage4",
-                    step=step,
-                )
+        task_ids, group = prompt_groups(prompts)
+        actor = stage_actor(trainer, stage.use_vllm, policy)
+        spent = rollout.Rollouts()
+
+        def generate(ids: list[str]) -> list[Group]:
+            trajectories = rollout.collect(
+                envs,
+                actor,
+                ids,
+                num_generations=group,
+                max_turns=stage.max_turns,
+                max_new_tokens=stage.max_new_tokens,
+                temperature=stage.temperature,
+                max_context=stage.max_context,
             )
-        queues: dict[str, list[rollout.Episode]] = {t: [] for t in unique}
-        for traj in trajectories:
-            queues[traj.task_id].append(traj)
-        ordered = [queues[t].pop(0) for t in task_ids]
+            spent.extend(trajectories)
+            spent.env_s += trajectories.env_s
+            spent.generation_s += trajectories.generation_s
+            spent.env_steps += trajectories.env_steps
+            if store is not None:
+                _store(store, trajectories, trainer.state.global_step, categories or {})
+            return [
+                Group(t, [_reward_of(tr) for tr in items], items)
+                for t in ids
+                for items in [[tr for tr in trajectories if tr.task_id == t]]
+            ]
+
+        batch, stats = dynamic_sample(
+            task_ids,
+            generate,
+            pool=list(pool) if pool is not None else task_ids,
+            max_rounds=stage.dynamic_sampling_rounds,
+            rng=rng,
+        )
         eos = trainer.processing_class.eos_token_id
         out: dict[str, list[Any]] = {
             "prompt_ids": [],
@@ -157,32 +167,44 @@ def make_rollout_func(
             "agent_invalid_calls": [],
             "agent_turns": [],
         }
-        for traj in ordered:
-            ids, mask, logps = traj.completion_ids, traj.mask, traj.logprobs
-            if traj.dropped:
-                # Broken: nothing of it may be trained on. TRL needs a non-empty sequence.
-                mask = [0] * len(ids)
-            if not ids:
-                ids, mask, logps = [eos], [0], [0.0]
-            prompt = traj.prompt_ids or [eos]
-            out["prompt_ids"].append(prompt)
-            out["completion_ids"].append(ids)
-            out["logprobs"].append(logps)
-            out["env_mask"].append(mask)
-            out["agent_reward"].append(_reward_of(traj, stage.reward))
-            out["agent_passed"].append(traj.passed)
-            out["agent_dropped"].append(traj.dropped)
-            out["agent_truncated"].append(traj.truncated)
-            out["agent_tool_calls"].append(traj.tool_calls)
-            out["agent_invalid_calls"].append(traj.invalid_calls)
-            out["agent_turns"].append(traj.turns)
-        # Batch-level figures ride along once per row: TRL hands reward functions one value per row.
-        out["agent_env_s"] = [trajectories.env_s] * len(ordered)
-        out["agent_generation_s"] = [trajectories.generation_s] * len(ordered)
-        out["agent_env_steps"] = [trajectories.env_steps] * len(ordered)
+        for g in batch:
+            for traj, reward in zip(g.items, g.rewards, strict=True):
+                ids, mask, logps = traj.completion_ids, traj.mask, traj.logprobs
+                if traj.dropped:
+                    # Broken: nothing of it may be trained on. TRL needs a non-empty sequence.
+                    mask = [0] * len(ids)
+                if not ids:
+                    ids, mask, logps = [eos], [0], [0.0]
+                out["prompt_ids"].append(traj.prompt_ids or [eos])
+                out["completion_ids"].append(ids)
+                out["logprobs"].append(logps)
+                out["env_mask"].append(mask)
+                out["agent_reward"].append(reward)
+                out["agent_passed"].append(traj.passed)
+                out["agent_dropped"].append(traj.dropped)
+                out["agent_truncated"].append(traj.truncated)
+                out["agent_tool_calls"].append(traj.tool_calls)
+                out["agent_invalid_calls"].append(traj.invalid_calls)
+                out["agent_turns"].append(traj.turns)
+        # Step-level figures ride along once per row: TRL hands reward functions one value per row.
+        rows = len(out["prompt_ids"])
+        out["agent_env_s"] = [spent.env_s] * rows
+        out["agent_generation_s"] = [spent.generation_s] * rows
+        out["agent_env_steps"] = [spent.env_steps] * rows
+        out["sampling_stats"] = [stats.metrics("sampling")] * rows
         return out
 
     return rollout_func
+
+
+def _store(store: Any, trajectories: Sequence[Any], step: int, categories: dict) -> None:
+    store.append(
+        row
+        for traj in trajectories
+        for row in episode_rows(
+            traj, category=categories.get(traj.task_id, ""), stage="stage4", step=step
+        )
+    )
 
 
 def make_reward_func() -> Any:
@@ -220,6 +242,8 @@ def make_reward_func() -> Any:
             log_metric("agentic/env_steps", float(kwargs["agent_env_steps"][0]))
             log_metric("agentic/env_s", float(kwargs["agent_env_s"][0]))
             log_metric("agentic/generation_s", float(kwargs["agent_generation_s"][0]))
+            for name, value in kwargs["sampling_stats"][0].items():
+                log_metric(name, value)
         return list(agent_reward)
 
     return env_reward
@@ -260,7 +284,7 @@ def run(
             :func:`birdenv.vector.make_vec` (``cfg.stage4.vector``, ``num_envs``, ``reward``): of
             ``BirdCriticEnv``, ``BirdSQLEnv``, or both in ``MixedTaskEnv`` copies. A caller's env
             is left open; ours is closed.
-        policy: Optional ``policy(trainer) -> policies.Policy`` acting instead of the trained model
+        policy: Optional ``policy(trainer) -> rollout.Policy`` acting instead of the trained model
             (a scripted baseline or a test); the loss is still the trained model's.
 
     Returns:
@@ -284,8 +308,10 @@ def run(
             asynchronous=stage.vector == "async",
             reward=stage.reward,
             seed=cfg.seed,
+            prompt_options=cfg.prompt.options(),
         )
     try:
+        check_batches("stage4", len(task_list), stage.tasks_per_step, "tasks_per_step")
         model, tokenizer = load_policy(model_path, dtype=cfg.model.dtype)
         batch = stage.tasks_per_step * stage.num_generations
         args = GRPOConfig(
@@ -322,11 +348,12 @@ def run(
                 policy,
                 store=TrajectoryStore(out_dir),
                 categories={t.instance_id: task_category(t) for t in task_list},
+                pool=[t.instance_id for t in task_list],
+                seed=cfg.seed,
             ),
         )
         trainer.train()
     finally:
         if own_envs:
             envs.close()
-    write_metrics(trainer.state.log_history, out_dir / "metrics.jsonl")
-    return save_checkpoint(trainer.model, trainer.processing_class, out_dir / "checkpoint")
+    return finish_stage(trainer, "stage4", out_dir)

@@ -1,56 +1,79 @@
 """Stage 3, reasoning RL: single-turn GRPO with TRL's ``GRPOTrainer``, rewarded by the judge.
 
-Each training task becomes one conversational prompt (:func:`birdtrain.prompts.single_turn_prompt`)
-plus its ``task_id``; TRL samples ``num_generations`` answers per prompt and scores each with
-:func:`birdtrain.rewards.solution_reward` (the official judge's verdict on the ``<solution>``),
-plus ``format_reward_weight`` × :func:`birdtrain.rewards.format_reward` through TRL's
-``reward_weights``. Advantages are relative to the group, as GRPO defines them. A task mixture
-(``data.mixture``) may hold BIRD questions: their prompt is the BIRD single-turn prompt and the
-same reward function scores them by execution accuracy (:func:`birdtrain.rewards.score_submission`).
+Each training task becomes one prompt (:func:`birdtrain.prompts.single_turn_prompt`, in the run's
+prompt setting). Every step takes ``prompts_per_step`` tasks and samples ``num_generations``
+answers for each (the GRPO group); an answer scores :func:`birdtrain.rewards.solution_reward`
+(the official judge's verdict on its ``<solution>``, or execution accuracy for a BIRD question)
+plus ``format_reward_weight`` × :func:`birdtrain.rewards.format_reward`.
 
-One optimizer step sees ``prompts_per_step`` prompts × ``num_generations`` completions: a
-micro-batch is one prompt's group and gradients accumulate over the prompts, so memory grows with
-the group, not with the whole batch.
+Generation goes through TRL's ``rollout_func`` hook, as in stage 4, because the step's batch is
+ours to choose: with ``dynamic_sampling_rounds > 0`` a group whose rewards are all equal (no
+advantage, nothing learnt) is replaced by the group of another training task
+(:func:`birdtrain.sampling.dynamic_sample`). Rewards are computed while sampling and handed to
+TRL as extra fields; TRL's reward functions only read them back, so TRL's logs
+(``rewards/solution_reward/mean``, ``frac_reward_zero_std``) describe the batch it trains on.
+
+One optimizer step sees ``prompts_per_step`` × ``num_generations`` completions: a micro-batch is
+one prompt's group and gradients accumulate over the prompts.
+
+Read top to bottom: dataset (one row per task) → ``rollout_func`` (sample, score, resample) →
+reward functions (read the scores, log the sampling figures) → ``GRPOConfig`` → train → save.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import random
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from birdenv.bird import BirdTask
-from birdenv.tasks import Task
-from birdtrain.stages import save_checkpoint, trainer_device_args, write_metrics
+from birdtrain.sampling import Group, dynamic_sample
+from birdtrain.stages import finish_stage, prompt_groups, stage_actor, trainer_device_args
 
-__all__ = ["build_dataset", "build_trainer", "run", "step_metrics"]
+__all__ = ["build_dataset", "build_trainer", "make_rollout_func", "run", "step_metrics"]
 
 logger = logging.getLogger(__name__)
 
+# Answers generated per policy call: bounds the KV cache on small machines.
+_GENERATION_CHUNK = 32
+
+
+def _prompt_messages(task: Any, prompt: Any) -> list[dict[str, str]]:
+    from birdtrain.prompts import single_turn_prompt
+
+    return [{"role": "user", "content": single_turn_prompt(task, prompt)}]
+
+
+def _prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
 
 def build_dataset(
-    tasks: Iterable[Task | BirdTask], tokenizer: Any, max_prompt_length: int | None
+    tasks: Iterable[Any], tokenizer: Any, max_prompt_length: int | None, prompt: Any = None
 ) -> Any:
-    """The GRPO dataset: ``prompt`` (one user message) and ``task_id`` per task.
+    """The GRPO dataset: one row per task, ``prompt`` (a user message naming it) and ``task_id``.
 
-    TRL 1.16's GRPO has no prompt-length setting, and cutting a prompt would cut its schema or
-    its issue; prompts longer than ``max_prompt_length`` tokens are left out instead, with a
-    warning, and none left is an error.
+    The rollout function renders the real prompt (``prompt``: the run's prompt setting). TRL
+    1.16's GRPO has no prompt-length setting, and cutting a prompt would cut its schema or its
+    issue; tasks whose prompt is longer than ``max_prompt_length`` tokens are left out instead,
+    with a warning, and none left is an error.
     """
     from datasets import Dataset
 
-    from birdtrain.prompts import single_turn_prompt
-
     rows, dropped = [], []
     for task in tasks:
-        prompt = [{"role": "user", "content": single_turn_prompt(task)}]
-        if max_prompt_length is not None:
-            text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-            if len(tokenizer(text, add_special_tokens=False).input_ids) > max_prompt_length:
-                dropped.append(task.instance_id)
-                continue
-        rows.append({"prompt": prompt, "task_id": task.instance_id})
+        messages = _prompt_messages(task, prompt)
+        if (
+            max_prompt_length is not None
+            and len(_prompt_ids(tokenizer, messages)) > max_prompt_length
+        ):
+            dropped.append(task.instance_id)
+            continue
+        rows.append(
+            {"prompt": [{"role": "user", "content": task.instance_id}], "task_id": task.instance_id}
+        )
     if dropped:
         logger.warning(
             "stage 3: %d of %d prompts exceed stage3.max_prompt_length=%s tokens and are left out: %s",
@@ -62,30 +85,117 @@ def build_dataset(
     if not rows:
         raise ValueError(
             f"stage 3: every prompt is longer than stage3.max_prompt_length={max_prompt_length} "
-            "tokens; raise it"
+            "tokens; raise it, or use shorter prompts (prompt.schema=linked)"
         )
     return Dataset.from_list(rows)
 
 
+def make_rollout_func(
+    tasks: Sequence[Any], stage: Any, *, prompt: Any = None, seed: int = 0, policy: Any = None
+) -> Any:
+    """TRL's ``rollout_func(prompts, trainer)`` for stage 3: sample, score, resample.
+
+    ``tasks`` are the tasks the dataset names and replacements are drawn from. ``policy(trainer)
+    -> Policy`` replaces the trained model as the sampler (tests); by default the trainer's model
+    samples (vLLM when ``stage.use_vllm``).
+    """
+    from birdtrain.rewards import format_reward, score_text
+
+    by_id = {t.instance_id: t for t in tasks}
+    rng = random.Random(seed)
+    contexts: dict[str, list[int]] = {}
+
+    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        tokenizer = trainer.processing_class
+        task_ids, group = prompt_groups(prompts)
+        actor = stage_actor(trainer, stage.use_vllm, policy)
+
+        def context(task_id: str) -> list[int]:
+            if task_id not in contexts:
+                contexts[task_id] = _prompt_ids(tokenizer, _prompt_messages(by_id[task_id], prompt))
+            return contexts[task_id]
+
+        def generate(ids: list[str]) -> list[Group]:
+            jobs = [t for t in ids for _ in range(group)]
+            samples: list[tuple[list[int], list[float]]] = []
+            for i in range(0, len(jobs), _GENERATION_CHUNK):
+                samples += actor.generate(
+                    [context(t) for t in jobs[i : i + _GENERATION_CHUNK]],
+                    max_new_tokens=stage.max_completion_length,
+                    temperature=stage.temperature,
+                )
+            groups = []
+            for k, task_id in enumerate(ids):
+                items = []
+                for completion, logprobs in samples[k * group : (k + 1) * group]:
+                    text = tokenizer.decode(completion, skip_special_tokens=True)
+                    solution = score_text(by_id[task_id], text)
+                    fmt = format_reward(None, [text])[0]
+                    items.append((context(task_id), completion, logprobs, solution, fmt))
+                rewards = [s + stage.format_reward_weight * f for *_, s, f in items]
+                groups.append(Group(task_id, rewards, items))
+            return groups
+
+        batch, stats = dynamic_sample(
+            task_ids, generate, pool=list(by_id), max_rounds=stage.dynamic_sampling_rounds, rng=rng
+        )
+        eos = tokenizer.eos_token_id
+        rows = [item for g in batch for item in g.items]
+        return {
+            "prompt_ids": [r[0] for r in rows],
+            "completion_ids": [r[1] or [eos] for r in rows],
+            "logprobs": [r[2] or [0.0] for r in rows],
+            "solution_score": [r[3] for r in rows],
+            "format_score": [r[4] for r in rows],
+            "sampling_stats": [stats.metrics("sampling")] * len(rows),
+        }
+
+    return rollout_func
+
+
+def _solution_reward(
+    prompts: list[Any], completions: list[Any], solution_score: list[float], **kwargs: Any
+) -> list[float | None]:
+    """The judge's verdict on each completion, scored while sampling (see ``rollout_func``)."""
+    log_metric = kwargs.get("log_metric")
+    if log_metric is not None:
+        for name, value in kwargs["sampling_stats"][0].items():
+            log_metric(name, value)
+    return list(solution_score)
+
+
+def _format_reward(
+    prompts: list[Any], completions: list[Any], format_score: list[float], **kwargs: Any
+) -> list[float | None]:
+    """The format reward of each completion, scored while sampling."""
+    return list(format_score)
+
+
+# TRL names its logged reward columns after the functions: keep the names of birdtrain.rewards.
+_solution_reward.__name__ = "solution_reward"
+_format_reward.__name__ = "format_reward"
+
+
 def build_trainer(
-    cfg: Any, *, model_path: str, out_dir: Path, tasks: Iterable[Task | BirdTask]
+    cfg: Any, *, model_path: str, out_dir: Path, tasks: Iterable[Any], policy: Any = None
 ) -> Any:
     """The configured ``GRPOTrainer`` (what :func:`run` trains)."""
     from trl import GRPOConfig, GRPOTrainer
 
     from birdtrain.models import load_policy, lora_config
-    from birdtrain.rewards import format_reward, register_tasks, solution_reward
+    from birdtrain.stages import check_batches, silence_trl_experimental
 
+    silence_trl_experimental()
     s = cfg.stage3
     tasks = list(tasks)
-    # TRL hands reward functions dataset columns only: the judge finds each Task by its task_id.
-    register_tasks(tasks)
     model, tokenizer = load_policy(model_path, dtype=cfg.model.dtype)
-    dataset = build_dataset(tasks, tokenizer, s.max_prompt_length)
-    reward_funcs: list[Any] = [solution_reward]
+    dataset = build_dataset(tasks, tokenizer, s.max_prompt_length, cfg.prompt.options())
+    check_batches("stage3", len(dataset), s.prompts_per_step, "prompts_per_step")
+    kept = set(dataset["task_id"])
+    reward_funcs: list[Any] = [_solution_reward]
     reward_weights = [1.0]
     if s.format_reward_weight:
-        reward_funcs.append(format_reward)
+        reward_funcs.append(_format_reward)
         reward_weights.append(s.format_reward_weight)
     vllm = {"use_vllm": True, "vllm_mode": "colocate"} if s.use_vllm else {}
     args = GRPOConfig(
@@ -94,6 +204,8 @@ def build_trainer(
         learning_rate=s.learning_rate,
         beta=s.beta,
         temperature=s.temperature,
+        top_k=0,
+        top_p=1.0,
         num_generations=s.num_generations,
         max_completion_length=s.max_completion_length,
         # One prompt's group per micro-batch, accumulated over the step's prompts.
@@ -115,6 +227,13 @@ def build_trainer(
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=lora_config(cfg.model, model),
+        rollout_func=make_rollout_func(
+            [t for t in tasks if t.instance_id in kept],
+            s,
+            prompt=cfg.prompt.options(),
+            seed=cfg.seed,
+            policy=policy,
+        ),
     )
 
 
@@ -133,16 +252,19 @@ def step_metrics(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run(cfg: Any, *, model_path: str, out_dir: Path, tasks: Iterable[Task | BirdTask]) -> Path:
+def run(
+    cfg: Any, *, model_path: str, out_dir: Path, tasks: Iterable[Any], policy: Any = None
+) -> Path:
     """Train stage 3 from ``model_path`` on ``tasks``; return the checkpoint path.
 
     Writes ``out_dir/metrics.jsonl`` (per step: ``step``, ``loss``, ``learning_rate``,
     ``reward_mean``, ``reward_std``, ``pass_rate``, ``rewards/format_reward/mean``, ``kl``,
-    completion lengths…, then the trainer's summary) and the merged checkpoint with its tokenizer
-    at ``out_dir/"checkpoint"``.
+    ``frac_reward_zero_std``, the ``sampling/*`` figures of dynamic sampling, completion
+    lengths…, then the trainer's summary) and the merged checkpoint with its tokenizer at
+    ``out_dir/"checkpoint"``. ``policy(trainer) -> Policy`` samples instead of the trained model
+    (tests); the loss is still the trained model's.
     """
     out_dir = Path(out_dir)
-    trainer = build_trainer(cfg, model_path=model_path, out_dir=out_dir, tasks=tasks)
+    trainer = build_trainer(cfg, model_path=model_path, out_dir=out_dir, tasks=tasks, policy=policy)
     trainer.train()
-    write_metrics(trainer.state.log_history, out_dir / "metrics.jsonl", extra=step_metrics)
-    return save_checkpoint(trainer.model, trainer.processing_class, out_dir / "checkpoint")
+    return finish_stage(trainer, "stage3", out_dir, extra=step_metrics)

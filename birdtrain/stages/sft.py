@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from birdtrain.stages import save_checkpoint, trainer_device_args, write_metrics
+from birdtrain.stages import finish_stage, trainer_device_args
 
 __all__ = ["build_dataset", "build_trainer", "run"]
 
@@ -183,5 +183,4 @@ def run(
         cfg, model_path=model_path, out_dir=out_dir, examples=examples, stage=stage
     )
     trainer.train()
-    write_metrics(trainer.state.log_history, out_dir / "metrics.jsonl")
-    return save_checkpoint(trainer.model, trainer.processing_class, out_dir / "checkpoint")
+    return finish_stage(trainer, f"stage{stage}", out_dir)

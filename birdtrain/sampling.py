@@ -1,0 +1,127 @@
+"""Dynamic sampling for the GRPO stages: keep only groups whose rewards differ.
+
+GRPO's advantage is a reward minus its group's mean: a group whose rewards are all equal (every
+rollout failed, or every one passed) has zero advantage everywhere and teaches nothing. Dynamic
+sampling (DAPO's "dynamic sampling") drops such groups and rolls out replacement tasks, up to
+``max_rounds`` extra rounds, so a step's batch holds as many informative groups as the budget
+allows. What it cost and what it achieved is recorded in :class:`SamplingStats`.
+
+The batch keeps its size: when the rounds run out, the first zero-variance groups fill the gaps
+(they are harmless: zero advantage, no policy gradient).
+
+>>> import random
+>>> outcomes = {"a": [0.0, 0.0], "b": [1.0, 0.0], "c": [0.0, 1.0], "d": [1.0, 1.0]}
+>>> def generate(ids):
+...     return [Group(t, outcomes[t], [f"{t}{g}" for g in range(2)]) for t in ids]
+>>> batch, stats = dynamic_sample(["a", "b"], generate, pool=list(outcomes), max_rounds=3,
+...                               rng=random.Random(0))
+>>> sorted(g.task_id for g in batch)
+['b', 'c']
+>>> stats.zero_std_before, stats.zero_std_after, stats.resampled_groups >= 1
+(0.5, 0.0, True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["Group", "SamplingStats", "dynamic_sample"]
+
+
+@dataclasses.dataclass
+class Group:
+    """The rollouts of one task and their rewards (``None``: a rollout that broke, unscored)."""
+
+    task_id: str
+    rewards: list[float | None]
+    items: list[Any]
+
+    @property
+    def zero_std(self) -> bool:
+        """True when the scored rewards are all equal (or fewer than two were scored)."""
+        scored = [r for r in self.rewards if r is not None]
+        return len(scored) < 2 or max(scored) - min(scored) < 1e-9
+
+
+@dataclasses.dataclass
+class SamplingStats:
+    """What one step's dynamic sampling saw and spent.
+
+    ``zero_std_before``: fraction of the first round's groups with equal rewards;
+    ``zero_std_after``: the same fraction in the batch handed to the trainer;
+    ``resampled_groups``: replacement groups rolled out; ``rollouts``: rollouts generated in all
+    rounds; ``rounds``: extra rounds used.
+    """
+
+    groups: int
+    zero_std_before: float
+    zero_std_after: float
+    resampled_groups: int
+    rollouts: int
+    rounds: int
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        """The figures as ``metrics.jsonl`` names (``{prefix}/frac_reward_zero_std_before`` ...)."""
+        return {
+            f"{prefix}/frac_reward_zero_std_before": self.zero_std_before,
+            f"{prefix}/frac_reward_zero_std_after": self.zero_std_after,
+            f"{prefix}/resampled_groups": float(self.resampled_groups),
+            f"{prefix}/rollouts": float(self.rollouts),
+        }
+
+
+def dynamic_sample(
+    task_ids: Sequence[str],
+    generate: Callable[[list[str]], list[Group]],
+    *,
+    pool: Sequence[str],
+    max_rounds: int,
+    rng: random.Random,
+) -> tuple[list[Group], SamplingStats]:
+    """Roll out ``task_ids``, then replace zero-variance groups with groups of other tasks.
+
+    Args:
+        task_ids: The step's tasks (distinct); the batch returned has one group per task slot.
+        generate: Rolls out a list of tasks and returns their groups, in the same order.
+        pool: Tasks replacements are drawn from (without repeating a task within the step).
+        max_rounds: Extra rounds of replacements; 0 turns dynamic sampling off.
+        rng: The draw's random source (seed it for reproducible runs).
+
+    Returns:
+        The batch (informative groups first, in the order they were rolled out, then as many
+        zero-variance groups as it takes to fill every slot) and the step's :class:`SamplingStats`.
+    """
+    if max_rounds < 0:
+        raise ValueError(f"max_rounds must be >= 0, got {max_rounds}")
+    wanted = len(task_ids)
+    first = generate(list(task_ids))
+    rollouts = sum(len(g.items) for g in first)
+    kept = [g for g in first if not g.zero_std]
+    spare = [g for g in first if g.zero_std]
+    tried = set(task_ids)
+    resampled = rounds = 0
+    while len(kept) < wanted and rounds < max_rounds:
+        candidates = [t for t in pool if t not in tried]
+        if not candidates:
+            break
+        draw = rng.sample(candidates, min(wanted - len(kept), len(candidates)))
+        tried.update(draw)
+        groups = generate(draw)
+        rounds += 1
+        resampled += len(groups)
+        rollouts += sum(len(g.items) for g in groups)
+        kept += [g for g in groups if not g.zero_std]
+        spare += [g for g in groups if g.zero_std]
+    batch = kept[:wanted] + spare[: max(wanted - len(kept), 0)]
+    stats = SamplingStats(
+        groups=wanted,
+        zero_std_before=sum(g.zero_std for g in first) / max(len(first), 1),
+        zero_std_after=sum(g.zero_std for g in batch) / max(len(batch), 1),
+        resampled_groups=resampled,
+        rollouts=rollouts,
+        rounds=rounds,
+    )
+    return batch, stats
