@@ -19,7 +19,7 @@ from birdtrain import require
 from birdtrain.config import STAGES
 from birdtrain.trajectory_store import TrajectoryStore
 
-__all__ = ["metrics_side_by_side", "write_report"]
+__all__ = ["evaluations_table", "metrics_side_by_side", "write_report"]
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #222; }
@@ -29,7 +29,7 @@ img { width: 100%; border: 1px solid #eee; }
 table { border-collapse: collapse; width: 100%; font-size: 0.9rem; }
 td, th { border: 1px solid #ddd; padding: 0.3rem 0.5rem; text-align: left; vertical-align: top; }
 th { background: #f5f5f5; } code { font-size: 0.85rem; white-space: pre-wrap; }
-.muted { color: #777; }
+.muted { color: #777; } .note { border: 1px dashed #bbb; padding: 1rem; color: #555; }
 """
 
 
@@ -53,6 +53,61 @@ def _series(rows: list[dict[str, Any]], *keys: str) -> tuple[list[float], list[f
     return [], []
 
 
+def _moving_average(values: list[float], window: int) -> list[float]:
+    """Trailing mean over ``window`` points (fewer at the start).
+
+    >>> _moving_average([0.0, 1.0, 1.0, 0.0], 2)
+    [0.0, 0.5, 1.0, 0.5]
+    """
+    return [
+        sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1))
+        for i in range(len(values))
+    ]
+
+
+def _lines(
+    path: Path,
+    title: str,
+    series: list[tuple[str, list[float], list[float]]],
+    xlabel: str = "step",
+    *,
+    smooth: bool = False,
+) -> Path | str | None:
+    """A line chart of ``series``; ``smooth`` adds each one's moving average.
+
+    Returns the PNG, or a sentence instead when every value is 0 (an empty-looking axis around
+    zero reads as a rendering fault, and "nothing was learnt" should be said in words), or None
+    without data.
+    """
+    values = [y for _, _, ys in series for y in ys]
+    if not values:
+        return None
+    if all(v == 0 for v in values):
+        names = ", ".join(label for label, xs, _ in series if xs)
+        return f"{title}: every value is 0 ({len(values)} points of {names})."
+
+    def draw(ax) -> bool:
+        for label, xs, ys in series:
+            if not xs:
+                continue
+            line = ax.plot(
+                xs, ys, marker="o", markersize=3, alpha=0.5 if smooth else 1, label=label
+            )
+            if smooth:
+                window = max(2, len(ys) // 5)
+                ax.plot(
+                    xs,
+                    _moving_average(ys, window),
+                    color=line[0].get_color(),
+                    label=f"{label} ({window}-step mean)",
+                )
+        ax.set_xlabel(xlabel)
+        ax.legend(fontsize=8)
+        return True
+
+    return _figure(path, title, draw)
+
+
 def _figure(path: Path, title: str, draw) -> Path | None:
     require("matplotlib").use("Agg")  # before pyplot: no display is needed or wanted
     import matplotlib.pyplot as plt
@@ -68,18 +123,6 @@ def _figure(path: Path, title: str, draw) -> Path | None:
     fig.savefig(path)
     plt.close(fig)
     return path
-
-
-def _plot_lines(ax, series: list[tuple[str, list[float], list[float]]], xlabel: str) -> bool:
-    drawn = False
-    for label, xs, ys in series:
-        if xs:
-            ax.plot(xs, ys, marker="o", markersize=3, label=label)
-            drawn = True
-    if drawn:
-        ax.set_xlabel(xlabel)
-        ax.legend(fontsize=8)
-    return drawn
 
 
 def _eval_summaries(run_dir: Path) -> dict[str, dict[str, Any]]:
@@ -110,9 +153,41 @@ def metrics_side_by_side(summaries: dict[str, dict[str, Any]]) -> list[list[Any]
     return sorted(rows.values(), key=lambda r: (order.get(r[0], 3), r[0]))
 
 
-def _img(path: Path | None) -> str:
+def evaluations_table(summaries: dict[str, dict[str, Any]]) -> list[list[Any]]:
+    """One row per evaluation: label, mode, tasks (training or held out), metric, the rate with
+    its 95 % Wilson interval, tasks, pass@k.
+
+    >>> evaluations_table({"before": {"label": "before", "mode": "agent", "metric": "SR",
+    ...                    "success_rate": 12.5, "n": 24, "samples": 1}})
+    [['before', 'agent', 'held out', 'SR', '12.5 [4.3, 31.0]', 24, '']]
+    """
+    from birdtrain.stats import wilson_interval
+
+    rows = []
+    for folder, s in summaries.items():
+        n = int(s.get("n") or 0)
+        lo, hi = wilson_interval(round(s.get("success_rate", 0.0) * n / 100), n)
+        k = s.get("samples", 1)
+        rows.append(
+            [
+                str(s.get("label") or folder),
+                s.get("mode", "agent"),
+                "training" if s.get("split") == "train" else "held out",
+                s.get("metric", "SR"),
+                f"{s.get('success_rate', 0.0):.1f} [{100 * lo:.1f}, {100 * hi:.1f}]",
+                n,
+                f"pass@{k} {s[f'pass@{k}']:.1f}" if k > 1 and f"pass@{k}" in s else "",
+            ]
+        )
+    order = {"before": 0, "after_stage2": 1, "after_stage4": 2}
+    return sorted(rows, key=lambda r: (order.get(r[0], 3), r[0], r[2], r[1], r[3]))
+
+
+def _img(path: Path | str | None) -> str:
     if path is None:
         return ""
+    if isinstance(path, str):
+        return f'<p class="note">{html.escape(path)}</p>'
     data = base64.b64encode(path.read_bytes()).decode()
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
@@ -135,30 +210,42 @@ def write_report(run_dir: str | Path) -> Path:
     store = TrajectoryStore(run_dir)
     figures: dict[str, Path | None] = {}
 
-    figures["loss"] = _figure(
+    figures["loss"] = _lines(
         out / "loss.png",
         "training loss per stage",
-        lambda ax: _plot_lines(ax, [(s, *_series(metrics[s], "loss")) for s in STAGES], "step"),
+        [(s, *_series(metrics[s], "loss")) for s in STAGES],
     )
-    figures["lr"] = _figure(
+    figures["lr"] = _lines(
         out / "learning_rate.png",
         "learning rate per stage",
-        lambda ax: _plot_lines(
-            ax, [(s, *_series(metrics[s], "learning_rate")) for s in STAGES], "step"
-        ),
+        [(s, *_series(metrics[s], "learning_rate")) for s in STAGES],
     )
-    figures["reward"] = _figure(
+    figures["reward"] = _lines(
         out / "reward.png",
-        "reward mean and pass rate (stages 3-4)",
-        lambda ax: _plot_lines(
-            ax,
-            [
-                (f"{s} reward", *_series(metrics[s], "reward_mean", "reward"))
-                for s in ("stage3", "stage4")
-            ]
-            + [(f"{s} pass rate", *_series(metrics[s], "pass_rate")) for s in ("stage3", "stage4")],
-            "step",
-        ),
+        "reward per step (stages 3-4)",
+        [
+            (f"{s} reward", *_series(metrics[s], "reward_mean", "reward"))
+            for s in ("stage3", "stage4")
+        ],
+        smooth=True,
+    )
+    figures["pass_rate"] = _lines(
+        out / "pass_rate.png",
+        "pass rate per step (stages 3-4)",
+        [(f"{s} pass rate", *_series(metrics[s], "pass_rate")) for s in ("stage3", "stage4")],
+        smooth=True,
+    )
+    figures["zero_std"] = _lines(
+        out / "zero_std.png",
+        "groups with zero reward variance (no advantage), per step",
+        [
+            (f"{s} {when}", *_series(metrics[s], key))
+            for s in ("stage3", "stage4")
+            for when, key in (
+                ("sampled", "sampling/frac_reward_zero_std_before"),
+                ("trained on", "frac_reward_zero_std"),
+            )
+        ],
     )
     per_episode = store.query(
         "SELECT episode, count(*) AS turns, count(tool) AS calls, count(*) - count(tool) AS invalid "
@@ -235,9 +322,15 @@ def write_report(run_dir: str | Path) -> Path:
         _table(["evaluation", "SR %", "debugging tasks", "EX %", "BIRD questions"], sr_rows)
     }
 <div class="grid">{_img(figures["categories"])}</div>
+<h2>Every evaluation, with 95 % intervals</h2>{
+        _table(
+            ["evaluation", "mode", "tasks", "metric", "rate % [95 % CI]", "n", "pass@k"],
+            evaluations_table(summaries),
+        )
+    }
 <h2>Training</h2><div class="grid">{_img(figures["loss"])}{_img(figures["lr"])}{
         _img(figures["reward"])
-    }</div>
+    }{_img(figures["pass_rate"])}{_img(figures["zero_std"])}</div>
 <h2>Trajectories</h2><div class="grid">{_img(figures["tools"])}{_img(figures["turns"])}</div>
 <h2>Slowest SQL statements</h2>{_table(["seconds", "task", "sql"], [list(r) for r in slowest])}
 <h2>Most common SQLite errors</h2>{_table(["error", "count"], [list(r) for r in errors])}

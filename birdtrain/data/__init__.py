@@ -108,10 +108,19 @@ def synth(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
     bird = [t for t in unique if task_kind(t) == "bird"]
     stage1_stats: dict[str, int] = {}
     stage2_stats: dict[str, int] = {}
-    stage1 = build_reasoning_examples(critic, teacher=teacher, stats=stage1_stats) if critic else []
+    prompt = cfg.prompt.options()
+    stage1 = (
+        build_reasoning_examples(critic, teacher=teacher, stats=stage1_stats, prompt=prompt)
+        if critic
+        else []
+    )
     stage2 = (
         build_tool_trajectories(
-            critic, teacher=teacher, max_turns=cfg.stage4.max_turns, stats=stage2_stats
+            critic,
+            teacher=teacher,
+            max_turns=cfg.stage4.max_turns,
+            stats=stage2_stats,
+            prompt=prompt,
         )
         if critic
         else []
@@ -120,9 +129,9 @@ def synth(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
     if bird:
         bird1: dict[str, int] = {}
         bird2: dict[str, int] = {}
-        stage1 += build_bird_reasoning_examples(bird, teacher=teacher, stats=bird1)
+        stage1 += build_bird_reasoning_examples(bird, teacher=teacher, stats=bird1, prompt=prompt)
         stage2 += build_bird_tool_trajectories(
-            bird, teacher=teacher, max_turns=cfg.stage4.max_turns, stats=bird2
+            bird, teacher=teacher, max_turns=cfg.stage4.max_turns, stats=bird2, prompt=prompt
         )
         kinds = {"critic_tasks": len(critic), "bird_tasks": len(bird)}
         kinds["bird_stage1_stats"], kinds["bird_stage2_stats"] = bird1, bird2

@@ -164,10 +164,12 @@ def build_bird_reasoning_examples(
     pool: ReplicaPool | None = None,
     teacher_params: dict[str, Any] | None = None,
     stats: dict[str, int] | None = None,
+    prompt: Any = None,
 ) -> list[dict[str, Any]]:
     """Stage-1 examples for BIRD questions; only those execution accuracy accepts are kept.
 
     ``stats``, when given, is filled with ``tasks``, ``kept``, ``failed_judge``, ``empty_thought``.
+    ``prompt``: how the prompts show the database (the run's one prompt setting).
     """
     from birdtrain.data.reasoning import _clean_teacher_thought
     from birdtrain.prompts import format_answer, parse_solution, single_turn_prompt
@@ -193,7 +195,7 @@ def build_bird_reasoning_examples(
             continue
         examples.append(
             {
-                "prompt": [{"role": "user", "content": single_turn_prompt(task)}],
+                "prompt": [{"role": "user", "content": single_turn_prompt(task, prompt)}],
                 "completion": [{"role": "assistant", "content": answer}],
                 "task_id": task.instance_id,
             }
@@ -300,8 +302,11 @@ def build_bird_tool_trajectories(
     pool: ReplicaPool | None = None,
     teacher_params: dict[str, Any] | None = None,
     stats: dict[str, int] | None = None,
+    prompt: Any = None,
 ) -> list[dict[str, Any]]:
     """Stage-2 trajectories for BIRD questions, each played in a real ``BirdSQL-SQLite-v0`` episode.
+
+    ``prompt``: the environment's prompt options (the run's one prompt setting).
 
     ``teacher`` plays when given, else :class:`BirdExpert`. Episodes that end without a correct
     submission are dropped. ``stats``, when given, is filled with ``tasks``, ``kept``,
@@ -312,7 +317,13 @@ def build_bird_tool_trajectories(
     counts = {"tasks": len(task_list), "kept": 0, "failed_judge": 0, "truncated": 0}
     trajectories: list[dict[str, Any]] = []
     if task_list:
-        env = gym.make("BirdSQL-SQLite-v0", tasks=task_list, pool=pool, max_episode_steps=max_turns)
+        env = gym.make(
+            "BirdSQL-SQLite-v0",
+            tasks=task_list,
+            pool=pool,
+            max_episode_steps=max_turns,
+            prompt_options=prompt,
+        )
         try:
             for task in task_list:
                 if teacher is not None:

@@ -24,6 +24,7 @@ from typing import Any
 from birdenv.errors import PreprocessError
 from birdenv.judge import judge_many
 from birdenv.replicas.pool import ReplicaPool, default_pool
+from birdenv.schema import PromptOptions
 from birdenv.tasks import Task
 from birdtrain.data.evidence import Evidence, gather_evidence, summarize_run
 from birdtrain.data.teacher import Teacher
@@ -171,8 +172,11 @@ def build_reasoning_examples(
     teacher_params: dict[str, Any] | None = None,
     stats: dict[str, int] | None = None,
     progress: bool = True,
+    prompt: PromptOptions | None = None,
 ) -> list[dict[str, Any]]:
     """Stage-1 examples for ``tasks``: evidence-based thoughts, solutions the judge accepts.
+
+    ``prompt``: how the prompts show the database (the run's one prompt setting).
 
     ``teacher`` writes the thoughts when given (a :class:`TeacherError` propagates: a configured
     teacher that does not answer is an error, not a silent fallback); ``processes`` judges in
@@ -213,7 +217,7 @@ def build_reasoning_examples(
             counts["empty_thought"] += 1
             continue
         example = {
-            "prompt": [{"role": "user", "content": single_turn_prompt(task)}],
+            "prompt": [{"role": "user", "content": single_turn_prompt(task, prompt)}],
             "completion": [{"role": "assistant", "content": format_answer(thought, task.sol_sql)}],
             "task_id": task.instance_id,
         }

@@ -286,6 +286,7 @@ def build_tool_trajectories(
     stats: dict[str, int] | None = None,
     rejected: list[dict[str, Any]] | None = None,
     progress: bool = True,
+    prompt: Any = None,
 ) -> list[dict[str, Any]]:
     """Stage-2 trajectories for ``tasks``, played in a real ``BirdCritic-SQLite-v0`` episode each.
 
@@ -294,7 +295,7 @@ def build_tool_trajectories(
     that end without an accepted submission are dropped. ``stats``, when given, is filled with
     counts: ``tasks``, ``kept``, ``failed_judge``, ``truncated``, ``no_fix``, ``preprocess_error``;
     ``rejected``, when given, receives the dropped episodes (same form, plus ``reason``) for
-    inspection.
+    inspection. ``prompt``: the environment's prompt options (the run's one prompt setting).
     """
     from tqdm.auto import tqdm
 
@@ -313,7 +314,13 @@ def build_tool_trajectories(
         if stats is not None:
             stats.update(counts)
         return trajectories
-    env = gym.make("BirdCritic-SQLite-v0", tasks=task_list, pool=pool, max_episode_steps=max_turns)
+    env = gym.make(
+        "BirdCritic-SQLite-v0",
+        tasks=task_list,
+        pool=pool,
+        max_episode_steps=max_turns,
+        prompt_options=prompt,
+    )
     try:
         for task in tqdm(task_list, desc="stage-2 trajectories", disable=not progress):
             if not task.sol_sql:

@@ -1,0 +1,138 @@
+"""Difficulty filtering: each training task's pass rate under the current policy.
+
+GRPO learns only from groups whose rewards differ. A task the policy never solves (p = 0) or
+always solves (p = 1) gives groups of equal rewards, and its rollouts are spent for nothing. Before
+an RL stage, :func:`estimate_pass_rates` samples each training task ``k`` times under the policy
+the stage starts from, through the real environment and judge (single-turn answers for stage 3,
+agent rollouts for stage 4, both with the stage's own sampling settings), and
+:func:`select_tasks` keeps the tasks with 0 < p < 1.
+
+The estimates are written to ``RUN_DIR/difficulty/<stage>.json`` and reused when the same policy
+asks again (a resumed run does not sample twice)::
+
+    {"stage": "stage3", "model": "...", "mode": "single", "samples": 8,
+     "tasks": {"task_id": {"passed": 3, "samples": 8, "p": 0.375}, ...}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DifficultyError", "estimate_pass_rates", "filter_tasks", "select_tasks"]
+
+
+class DifficultyError(ValueError):
+    """Too few training tasks are of useful difficulty for the stage's batch."""
+
+
+def estimate_pass_rates(
+    cfg: Any, stage: str, model_path: str, tasks: Sequence[Any], run_dir: Path
+) -> dict[str, Any]:
+    """Estimate the pass rate of every task in ``tasks`` for ``stage`` (``"stage3"``/``"stage4"``).
+
+    Reuses ``run_dir/difficulty/<stage>.json`` when it was made for the same policy, sample count
+    and tasks; otherwise samples (:func:`birdtrain.evaluate.evaluate_policy` with ``n`` samples
+    per task, its files under ``run_dir/difficulty/<stage>/``) and writes it.
+    """
+    from birdtrain.evaluate import evaluate_policy
+
+    s = getattr(cfg, stage)
+    mode = "single" if stage == "stage3" else "agent"
+    path = Path(run_dir) / "difficulty" / f"{stage}.json"
+    ids = [t.instance_id for t in tasks]
+    if path.is_file():
+        record = json.loads(path.read_text())
+        if (
+            record.get("model") == str(model_path)
+            and record.get("samples") == s.difficulty_samples
+            and sorted(record.get("tasks", {})) == sorted(ids)
+        ):
+            return record
+    passed: dict[str, int] = dict.fromkeys(ids, 0)
+    # One evaluation per task kind: they are scored by different metrics (SR, EX).
+    kinds: dict[type, list[Any]] = {}
+    for task in tasks:
+        kinds.setdefault(type(task), []).append(task)
+    for n, group in enumerate(kinds.values()):
+        out_dir = path.parent / stage / str(n)
+        evaluate_policy(
+            str(model_path),
+            tasks=group,
+            out_dir=out_dir,
+            mode=mode,
+            n=s.difficulty_samples,
+            temperature=s.temperature,
+            max_turns=getattr(s, "max_turns", 1),
+            max_new_tokens=s.max_completion_length if mode == "single" else s.max_new_tokens,
+            label=f"difficulty-{stage}",
+            prompt=cfg.prompt.options(),
+        )
+        for line in (out_dir / "verdicts.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            passed[row["instance_id"]] += row["status"] == "success"
+    k = s.difficulty_samples
+    record = {
+        "stage": stage,
+        "model": str(model_path),
+        "mode": mode,
+        "samples": k,
+        "tasks": {t: {"passed": c, "samples": k, "p": c / k} for t, c in passed.items()},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2))
+    return record
+
+
+def select_tasks(
+    record: dict[str, Any], tasks: Sequence[Any], *, stage: str, per_step: int
+) -> list[Any]:
+    """The tasks of ``record`` with 0 < p < 1, in their order in ``tasks``.
+
+    Raises :class:`DifficultyError` when fewer remain than one step's batch (``per_step``), with
+    the counts and what to change.
+
+    >>> class T:
+    ...     def __init__(self, i): self.instance_id = i
+    >>> record = {"samples": 4, "tasks": {"a": {"p": 0.0}, "b": {"p": 0.5}, "c": {"p": 1.0},
+    ...                                   "d": {"p": 0.25}}}
+    >>> [t.instance_id for t in select_tasks(record, [T(i) for i in "abcd"], stage="stage3",
+    ...                                      per_step=2)]
+    ['b', 'd']
+    >>> select_tasks(record, [T(i) for i in "abcd"], stage="stage3", per_step=4)
+    Traceback (most recent call last):
+    ...
+    birdtrain.data.difficulty.DifficultyError: stage3: 2 of 4 training tasks have 0 < p < 1 at 4 samples (p = 0: 1, p = 1: 1), fewer than one step's 4; lower the batch, raise stage3.difficulty_samples, train the earlier stages longer, or set stage3.difficulty_filter=false
+    """
+    rates = {t: v["p"] for t, v in record["tasks"].items()}
+    kept = [t for t in tasks if 0.0 < rates.get(t.instance_id, 0.0) < 1.0]
+    if len(kept) < per_step:
+        zero = sum(1 for p in rates.values() if p == 0.0)
+        one = sum(1 for p in rates.values() if p == 1.0)
+        raise DifficultyError(
+            f"{stage}: {len(kept)} of {len(rates)} training tasks have 0 < p < 1 at "
+            f"{record['samples']} samples (p = 0: {zero}, p = 1: {one}), fewer than one step's "
+            f"{per_step}; lower the batch, raise {stage}.difficulty_samples, train the earlier "
+            f"stages longer, or set {stage}.difficulty_filter=false"
+        )
+    return kept
+
+
+def filter_tasks(
+    cfg: Any, stage: str, model_path: str, tasks: Sequence[Any], run_dir: Path
+) -> list[Any]:
+    """The training tasks of an RL stage: all of them, or with ``<stage>.difficulty_filter`` those
+    of useful difficulty for the policy at ``model_path`` (estimated, or reused from the run)."""
+    s = getattr(cfg, stage)
+    if not s.difficulty_filter:
+        return list(tasks)
+    record = estimate_pass_rates(cfg, stage, model_path, tasks, run_dir)
+    per_step = s.prompts_per_step if stage == "stage3" else s.tasks_per_step
+    kept = select_tasks(record, tasks, stage=stage, per_step=per_step)
+    print(
+        f"[{stage}] difficulty filter: {len(kept)} of {len(tasks)} tasks have 0 < p < 1 "
+        f"({record['samples']} samples each; {Path(run_dir) / 'difficulty' / f'{stage}.json'})"
+    )
+    return kept

@@ -1,0 +1,55 @@
+"""The report shows learning: reward and zero-variance plots per step, intervals, zeros in words."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib", reason="the report is in the train extra")
+
+from birdtrain.report import write_report  # noqa: E402
+
+
+def _run(tmp_path: Path, rewards: list[float]) -> Path:
+    run = tmp_path / "run"
+    (run / "stage4").mkdir(parents=True)
+    rows = [
+        {
+            "step": i + 1,
+            "loss": 0.1 * (i + 1),
+            "reward": r,
+            "agentic/reward_mean": r,
+            "reward_mean": r,
+            "pass_rate": r,
+            "frac_reward_zero_std": 0.25,
+            "sampling/frac_reward_zero_std_before": 0.75,
+        }
+        for i, r in enumerate(rewards)
+    ]
+    (run / "stage4" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for label, split, rate in (("before", "heldout", 0.0), ("after_stage4", "train", 12.5)):
+        folder = run / "eval" / (label if split == "heldout" else f"{label}-train")
+        folder.mkdir(parents=True)
+        summary = {"label": label, "split": split, "mode": "agent", "metric": "SR"}
+        summary |= {"success_rate": rate, "n": 24, "samples": 1, "by_category": {}}
+        (folder / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_learning_curves_and_intervals(tmp_path: Path) -> None:
+    run = _run(tmp_path, [0.0, 0.25, 0.25, 0.5, 0.5, 0.75])
+    html = write_report(run).read_text()
+    for name in ("reward", "pass_rate", "zero_std"):
+        assert (run / "report" / f"{name}.png").stat().st_size > 5_000
+    # The training-task evaluation and its interval; a held-out one at 0 still has an interval.
+    assert "<code>training</code>" in html and "<code>12.5 [4.3, 31.0]</code>" in html
+    assert "<code>0.0 [0.0, 13.8]</code>" in html
+
+
+def test_an_all_zero_chart_is_said_in_words(tmp_path: Path) -> None:
+    run = _run(tmp_path, [0.0] * 4)
+    html = write_report(run).read_text()
+    assert not (run / "report" / "reward.png").exists()
+    assert "reward per step (stages 3-4): every value is 0 (4 points of stage4 reward)." in html
