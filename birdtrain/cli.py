@@ -4,6 +4,7 @@
     birdtrain synth | stage1 | stage2 | stage3 | stage4 (--preset NAME | --config FILE) [key=value ...]
     birdtrain eval --policy MODEL|oracle|echo|scripted [--suite S | --tasks T --db-dir D] ...
     birdtrain mixture (--preset NAME | --config FILE) [key=value ...]
+    birdtrain difficulty (--preset NAME | --config FILE) [--stage stage3|stage4] [--model PATH]
     birdtrain report RUN_DIR
     birdtrain trajectories RUN_DIR --task ID | --sql QUERY
 
@@ -69,6 +70,21 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     run_dir = prepare_run(cfg)
     start = args.model or start_checkpoint(cfg, run_dir, args.command)
     print(run_stage(cfg, args.command, start, run_dir))
+    return 0
+
+
+def _cmd_difficulty(args: argparse.Namespace) -> int:
+    from birdtrain.curriculum import estimate_difficulty
+
+    cfg = _config_from(args)
+    record, kept = estimate_difficulty(cfg, args.stage, args.model)
+    print(f"{'task':<28} passed  p")
+    for task_id, rate in record["tasks"].items():
+        print(f"{task_id:<28} {rate['passed']:>2}/{rate['samples']:<3} {rate['p']:.2f}")
+    print(
+        f"{len(kept)} of {len(record['tasks'])} tasks have 0 < p < 1 under {record['model']} "
+        f"({record['mode']} mode, {record['samples']} samples each)"
+    )
     return 0
 
 
@@ -166,6 +182,16 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(mixture)
     mixture.set_defaults(func=_cmd_mixture)
+    difficulty = commands.add_parser(
+        "difficulty",
+        help="estimate each training task's pass rate for an RL stage (RUN_DIR/difficulty/)",
+    )
+    _add_config_args(difficulty)
+    difficulty.add_argument("--stage", choices=("stage3", "stage4"), default="stage3")
+    difficulty.add_argument(
+        "--model", help="the policy (default: the checkpoint the stage starts from)"
+    )
+    difficulty.set_defaults(func=_cmd_difficulty)
     for stage in STAGES:
         sub = commands.add_parser(stage, help=f"run {stage} only (resumes from the run directory)")
         _add_config_args(sub)

@@ -281,10 +281,28 @@ class EvalConfig:
     )
     max_tasks: int | None = _field(None, "evaluate on the first N tasks of the eval suite")
     max_turns: int = _field(5, "assistant turns per episode")
-    max_new_tokens: int = _field(512, "tokens per assistant turn")
+    max_new_tokens: int = _field(512, "tokens per assistant turn (the whole answer in single mode)")
     temperature: float = _field(0.0, "0: greedy")
+    modes: list[str] = dataclasses.field(
+        default_factory=lambda: ["agent"],
+        metadata={
+            "help": "'agent' (the paper's metric: tools over several turns) and/or 'single' (one "
+            "<solution> answer); each mode after the first is written to eval/<label>-<mode>/"
+        },
+    )
+    train_tasks: int = _field(
+        0,
+        "also evaluate on the first N training tasks of the evaluation's kind (how well the "
+        "policy fits what it trained on), into eval/<label>-train/",
+    )
 
     def __post_init__(self) -> None:
+        if isinstance(self.modes, str):
+            self.modes = [self.modes]  # `eval.modes=single` on the command line
+        if not self.modes or any(m not in ("agent", "single") for m in self.modes):
+            raise ValueError(f"eval.modes must list 'agent' and/or 'single', got {self.modes!r}")
+        if self.train_tasks < 0:
+            raise ValueError(f"eval.train_tasks must be >= 0, got {self.train_tasks}")
         if isinstance(self.after, str):
             self.after = [self.after]  # `eval.after=stage4` on the command line
         if not isinstance(self.after, list):
@@ -427,6 +445,69 @@ PRESETS: dict[str, dict[str, Any]] = {
             "max_context": 8192,
         },
         "eval": {"max_tasks": 4, "max_turns": 2, "max_new_tokens": 128},
+    },
+    # A learning run sized for a 2-core CPU (benchmarks/README.md, "A learning run"). Linked
+    # schemas without sample rows cut SmolLM2's critic-mini prompts several times (see "Prompt
+    # sizes"), which is what makes CPU epochs affordable. 64 training tasks drawn (seeded) from
+    # every database of gym-mini; the fit evaluation is on the first 24 of them, the held-out one
+    # on all 69 critic-mini tasks, in agent and single-turn mode. The RL stages train only on
+    # tasks the policy solves sometimes (difficulty filter) and resample groups without variance.
+    "smollm-learn": {
+        "name": "smollm-learn",
+        "model": {"name_or_path": "smollm", "lora": False, "dtype": "float32"},
+        "prompt": {"schema": "linked", "sample_rows": False},
+        "data": {"mixture": {"gym-mini": 1.0}, "max_train_tasks": 64},
+        "stage1": {
+            "epochs": 3,
+            "learning_rate": 1e-4,
+            "batch_size": 8,
+            "per_device_batch_size": 2,
+            "max_length": 2048,
+            "warmup_ratio": 0.05,
+        },
+        "stage2": {
+            "epochs": 3,
+            "learning_rate": 1e-4,
+            "batch_size": 8,
+            "per_device_batch_size": 2,
+            "max_length": 3072,
+            "warmup_ratio": 0.05,
+            "turns": "each",
+        },
+        "stage3": {
+            "max_steps": 10,
+            "num_generations": 8,
+            "prompts_per_step": 4,
+            "learning_rate": 1e-5,
+            "beta": 0.0,
+            "temperature": 1.0,
+            "max_completion_length": 320,
+            "max_prompt_length": 2048,
+            "difficulty_filter": True,
+            "difficulty_samples": 4,
+            "dynamic_sampling_rounds": 2,
+        },
+        "stage4": {
+            "max_steps": 10,
+            "num_generations": 8,
+            "tasks_per_step": 2,
+            "max_turns": 3,
+            "max_new_tokens": 192,
+            "learning_rate": 1e-5,
+            "beta": 0.0,
+            "temperature": 1.0,
+            "num_envs": 16,
+            "max_context": 4096,
+            "difficulty_filter": True,
+            "difficulty_samples": 4,
+            "dynamic_sampling_rounds": 2,
+        },
+        "eval": {
+            "max_turns": 3,
+            "max_new_tokens": 320,
+            "modes": ["agent", "single"],
+            "train_tasks": 24,
+        },
     },
     "paper-7b": {
         "name": "paper-7b",

@@ -20,7 +20,14 @@ from typing import Any
 
 from birdtrain.config import STAGES
 
-__all__ = ["prepare_run", "run_curriculum", "run_stage", "start_checkpoint", "synthesize"]
+__all__ = [
+    "estimate_difficulty",
+    "prepare_run",
+    "run_curriculum",
+    "run_stage",
+    "start_checkpoint",
+    "synthesize",
+]
 
 
 def _git_commit() -> str | None:
@@ -149,22 +156,33 @@ def run_stage(cfg: Any, stage: str, model_path: str, run_dir: Path) -> str:
         checkpoint = sft.run(
             cfg, model_path=model_path, out_dir=out_dir, examples=examples, stage=int(stage[-1])
         )
-    elif stage == "stage3":
-        from birdtrain.stages import grpo
-
-        checkpoint = grpo.run(
-            cfg, model_path=model_path, out_dir=out_dir, tasks=_tasks(cfg, "train")
-        )
     else:
-        from birdtrain.stages import agentic
+        from birdtrain.data.difficulty import filter_tasks
+        from birdtrain.stages import agentic, grpo
 
-        checkpoint = agentic.run(
-            cfg, model_path=model_path, out_dir=out_dir, tasks=_tasks(cfg, "train")
-        )
+        tasks = filter_tasks(cfg, stage, model_path, _tasks(cfg, "train"), run_dir)
+        trainer = grpo if stage == "stage3" else agentic
+        checkpoint = trainer.run(cfg, model_path=model_path, out_dir=out_dir, tasks=tasks)
     elapsed = time.perf_counter() - started
     done.write_text(json.dumps({"checkpoint": str(checkpoint), "seconds": round(elapsed, 1)}))
     print(f"[{stage}] done in {elapsed:.1f} s: {checkpoint}")
     return str(checkpoint)
+
+
+def estimate_difficulty(
+    cfg: Any, stage: str, model_path: str | None = None
+) -> tuple[dict[str, Any], list]:
+    """Each training task's pass rate for ``stage`` under ``model_path`` (default: the checkpoint
+    the stage starts from), reused from ``RUN_DIR/difficulty/<stage>.json`` when it was measured
+    for that policy; returns the record and the tasks with 0 < p < 1."""
+    from birdtrain.data.difficulty import estimate_pass_rates
+
+    run_dir = prepare_run(cfg)
+    model_path = model_path or start_checkpoint(cfg, run_dir, stage)
+    tasks = _tasks(cfg, "train")
+    record = estimate_pass_rates(cfg, stage, model_path, tasks, run_dir)
+    rates = record["tasks"]
+    return record, [t for t in tasks if 0 < rates[t.instance_id]["p"] < 1]
 
 
 def start_checkpoint(cfg: Any, run_dir: Path, before: str) -> str:
@@ -178,23 +196,50 @@ def start_checkpoint(cfg: Any, run_dir: Path, before: str) -> str:
 
 
 def _evaluate(cfg: Any, model_path: str, run_dir: Path, label: str) -> dict[str, Any] | None:
+    """Every evaluation of one policy: each mode of ``eval.modes`` on the evaluation tasks, on
+    the first ``eval.train_tasks`` training tasks, and on BIRD questions when there are any.
+
+    Returns the first mode's summary on the evaluation tasks, with the others under
+    ``"single"`` / ``"agent"``, ``"train"`` / ``"train-<mode>"`` and ``"generation"``.
+    """
     if not cfg.eval.enabled:
         return None
-    summary = _evaluate_on(
-        cfg, model_path, run_dir, label, _tasks(cfg, "eval"), label, cfg.data.eval_suite
-    )
+    held_out = _tasks(cfg, "eval")
+    kind = type(held_out[0])
+    fit = [t for t in _tasks(cfg, "train") if type(t) is kind][: cfg.eval.train_tasks]
+    fit = list({t.instance_id: t for t in fit}.values())  # a mixture may draw a task twice
+    summary: dict[str, Any] = {}
+    for i, mode in enumerate(cfg.eval.modes):
+        suffix = "" if i == 0 else f"-{mode}"
+        result = _evaluate_on(
+            cfg, model_path, run_dir, label, held_out, label + suffix, cfg.data.eval_suite, mode
+        )
+        if i == 0:
+            summary = dict(result)
+        else:
+            summary[mode] = result
+        if fit:
+            summary[f"train{suffix}"] = _evaluate_on(
+                cfg, model_path, run_dir, label, fit, f"{label}-train{suffix}", "training", mode
+            )
     bird = _tasks(cfg, "bird_eval")
     if bird:
         # Generation beside debugging: execution accuracy on BIRD questions, same policy and turns.
-        summary = dict(summary)
         summary["generation"] = _evaluate_on(
-            cfg, model_path, run_dir, label, bird, f"{label}-bird", _bird_eval_suite(cfg)
+            cfg, model_path, run_dir, label, bird, f"{label}-bird", _bird_eval_suite(cfg), "agent"
         )
     return summary
 
 
 def _evaluate_on(
-    cfg: Any, model_path: str, run_dir: Path, label: str, tasks: list, folder: str, suite: str
+    cfg: Any,
+    model_path: str,
+    run_dir: Path,
+    label: str,
+    tasks: list,
+    folder: str,
+    suite: str,
+    mode: str,
 ) -> dict[str, Any]:
     from birdtrain.evaluate import evaluate_policy
 
@@ -206,12 +251,14 @@ def _evaluate_on(
         model_path,
         tasks=tasks,
         out_dir=out_dir,
-        mode="agent",
+        mode=mode,
         max_turns=cfg.eval.max_turns,
         max_new_tokens=cfg.eval.max_new_tokens,
         temperature=cfg.eval.temperature,
         label=label,
         suite=suite,
+        prompt=cfg.prompt.options(),
+        task_set="train" if suite == "training" else "heldout",
     )
 
 

@@ -71,7 +71,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 # -- the policies ------------------------------------------------------------------------------
-def _threaded_episodes(jobs: list[tuple[Task, int]], num_envs: int, play: Any) -> list[Episode]:
+def _threaded_episodes(
+    jobs: list[tuple[Task, int]], num_envs: int, play: Any, prompt: Any = None
+) -> list[Episode]:
     """Run ``play(env, task) -> (info, reward, generation seconds)`` for every job, one env per
     worker thread (the envs share the process's replica pool)."""
     from birdenv.envs.bird_sql import BirdSQLEnv
@@ -81,7 +83,7 @@ def _threaded_episodes(jobs: list[tuple[Task, int]], num_envs: int, play: Any) -
     env_class = BirdSQLEnv if tasks and task_kind(tasks[0]) == "bird" else BirdCriticEnv
 
     def worker(chunk: list[tuple[Task, int]]) -> list[Episode]:
-        env = env_class(tasks=tasks)
+        env = env_class(tasks=tasks, prompt_options=prompt)
         out = []
         try:
             for task, sample in chunk:
@@ -153,6 +155,7 @@ def _endpoint_episodes(
     max_new_tokens: int,
     temperature: float,
     num_envs: int,
+    prompt: Any = None,
 ) -> list[Episode]:
     """An OpenAI-compatible model as an agent, one conversation per env."""
     from birdtrain.policies import EndpointPolicy
@@ -174,7 +177,7 @@ def _endpoint_episodes(
                 break
         return info, reward, gen_s
 
-    return _threaded_episodes(jobs, num_envs, play)
+    return _threaded_episodes(jobs, num_envs, play, prompt)
 
 
 def _model_episodes(
@@ -187,6 +190,7 @@ def _model_episodes(
     temperature: float,
     num_envs: int,
     engine: str,
+    prompt: Any = None,
 ) -> tuple[list[Episode], dict[str, float]]:
     """A local model as an agent, rolled out through a vector env exactly as in stage 4."""
     from birdenv.vector import make_vec
@@ -199,6 +203,7 @@ def _model_episodes(
         tasks=tasks,
         asynchronous=num_envs > 1,
         max_episode_steps=max_turns,
+        prompt_options=prompt,
     )
     try:
         rollouts = collect(
@@ -224,12 +229,13 @@ def _single_answers(
     max_new_tokens: int,
     temperature: float,
     engine: str,
+    prompt: Any = None,
 ) -> list[Episode]:
     """One ``<solution>`` per sample from a model or an endpoint."""
     from birdtrain.prompts import parse_solution, single_turn_prompt
 
     jobs = [(t, s) for t in tasks for s in range(n)]
-    prompts = [[{"role": "user", "content": single_turn_prompt(t)}] for t, _ in jobs]
+    prompts = [[{"role": "user", "content": single_turn_prompt(t, prompt)}] for t, _ in jobs]
     started = time.perf_counter()
     if policy.startswith("endpoint:"):
         from birdtrain.policies import EndpointPolicy
@@ -345,6 +351,8 @@ def evaluate_policy(
     suite: str = "tasks",
     store_dir: str | Path | None = None,
     engine: str = "auto",
+    prompt: Any = None,
+    task_set: str = "heldout",
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on ``tasks``; write predictions, verdicts and a summary into ``out_dir``.
 
@@ -354,7 +362,10 @@ def evaluate_policy(
     the time split, and ``table`` (the paper's figures beside this one). BIRD questions also get
     ``execution_accuracy`` and ``by_difficulty`` (the same figures under their own names).
     A local model generates with ``engine`` (``"auto"``: vLLM when installed with CUDA, else
-    transformers; see :func:`birdtrain.policies.generation_policy`).
+    transformers; see :func:`birdtrain.policies.generation_policy`). ``prompt`` is the prompt
+    setting (:class:`birdenv.schema.PromptOptions`; default: the benchmark's full schema), which
+    must be the one the policy was trained with; ``task_set`` (``"heldout"`` or ``"train"``, the
+    summary's ``split``) says which tasks these are, for the report.
     """
     if mode not in ("agent", "single"):
         raise ValueError(f"mode must be 'agent' or 'single', got {mode!r}")
@@ -388,6 +399,7 @@ def evaluate_policy(
                     max_new_tokens=max_new_tokens,
                     temperature=temperature,
                     num_envs=num_envs,
+                    prompt=prompt,
                 )
             split["generation_s"] = sum(e.generation_s for e in episodes)
             split["env_s"] = sum(e.env_s for e in episodes)
@@ -401,6 +413,7 @@ def evaluate_policy(
                 temperature=temperature,
                 num_envs=num_envs,
                 engine=engine,
+                prompt=prompt,
             )
             split.update(times)
         for e in episodes:
@@ -432,6 +445,7 @@ def evaluate_policy(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             engine=engine,
+            prompt=prompt,
         )
         split["generation_s"] = sum(e.generation_s for e in episodes)
         judge_started = time.perf_counter()
@@ -487,6 +501,7 @@ def evaluate_policy(
         policy=policy,
         label=label,
         mode=mode,
+        split=task_set,
         seconds=round(time.perf_counter() - started, 2),
         time_split={k: round(v, 2) for k, v in split.items()},
     )

@@ -137,10 +137,13 @@ def metrics_side_by_side(summaries: dict[str, dict[str, Any]]) -> list[list[Any]
 
     A summary counts as execution accuracy when its ``metric`` is ``"EX"`` (BIRD questions), else
     as Success Rate; its label is its own ``label`` (the folder name for older summaries), so
-    ``eval/before/`` and ``eval/before-bird/`` share the row ``before``.
+    ``eval/before/`` and ``eval/before-bird/`` share the row ``before``. Only agent-mode
+    evaluations on held-out tasks count here; :func:`evaluations_table` lists every evaluation.
     """
     rows: dict[str, list[Any]] = {}
     for folder, summary in summaries.items():
+        if summary.get("mode", "agent") != "agent" or summary.get("split") == "train":
+            continue  # the side-by-side is the paper's metric: agents on held-out tasks
         label = str(summary.get("label") or folder)
         row = rows.setdefault(label, [label, "", "", "", ""])
         rate = f"{summary.get('success_rate', 0):.2f}"

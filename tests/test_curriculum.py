@@ -194,3 +194,56 @@ def test_report_renders_in_chromium(smoke_run: Path, tmp_path: Path) -> None:
     image = Image.open(shot).convert("L")
     colours = image.getcolors(maxcolors=1 << 16)
     assert image.size == (1200, 2400) and colours is not None and len(colours) > 50
+
+
+def test_eval_modes_and_training_tasks_each_get_a_folder(tmp_path: Path) -> None:
+    """``eval.modes`` and ``eval.train_tasks``: single-turn and fit evaluations beside the agent's,
+    each with its mode and split in its summary, all in the report's table with intervals."""
+    stages_off = [f"stage{i}.enabled=false" for i in range(1, 5)]
+    argv = ["curriculum", "--preset", "smoke", "--output-dir", str(tmp_path), *stages_off]
+    extra = [
+        "eval.after=[]",
+        "eval.modes=[agent, single]",
+        "eval.train_tasks=2",
+        "eval.max_tasks=2",
+    ]
+    assert main([*argv, *extra, "prompt.schema=linked", "prompt.sample_rows=false"]) == 0
+    run = tmp_path / "smoke"
+    folders = sorted(p.name for p in (run / "eval").iterdir())
+    assert folders == ["before", "before-single", "before-train", "before-train-single"]
+    summaries = {f: json.loads((run / "eval" / f / "summary.json").read_text()) for f in folders}
+    assert [(s["mode"], s["split"], s["n"]) for s in summaries.values()] == [
+        ("agent", "heldout", 2),
+        ("single", "heldout", 2),
+        ("agent", "train", 2),
+        ("single", "train", 2),
+    ]
+    html = (run / "report" / "report.html").read_text()
+    assert html.count("<code>0.0 [0.0, 65.8]</code>") == 4  # 0 of 2, with its interval
+
+
+def test_difficulty_is_a_command_and_reused(tmp_path: Path, capsys) -> None:
+    """The oracle passes every task: no task is of useful difficulty; a second call reuses the
+    estimate instead of sampling again."""
+    argv = ["difficulty", "--preset", "smoke", "--output-dir", str(tmp_path), "--stage", "stage4"]
+    assert main([*argv, "--model", "oracle", "stage4.difficulty_samples=2"]) == 0
+    record_path = tmp_path / "smoke" / "difficulty" / "stage4.json"
+    record = json.loads(record_path.read_text())
+    assert record["model"] == "oracle" and record["samples"] == 2 and len(record["tasks"]) == 4
+    assert all(r == {"passed": 2, "samples": 2, "p": 1.0} for r in record["tasks"].values())
+    assert "0 of 4 tasks have 0 < p < 1 under oracle" in capsys.readouterr().out
+    written = record_path.stat().st_mtime_ns
+    assert main([*argv, "--model", "oracle", "stage4.difficulty_samples=2"]) == 0
+    assert record_path.stat().st_mtime_ns == written
+
+
+def test_difficulty_filter_refuses_a_stage_with_nothing_to_learn(tmp_path: Path, capsys) -> None:
+    """The untrained tiny model never passes: the filtered stage stops with the counts and the
+    settings to change, and trains nothing."""
+    argv = ["stage4", "--preset", "smoke", "--output-dir", str(tmp_path)]
+    assert main([*argv, "stage4.difficulty_filter=true", "stage4.difficulty_samples=2"]) == 2
+    err = capsys.readouterr().err
+    assert "0 of 4 training tasks have 0 < p < 1 at 2 samples (p = 0: 4, p = 1: 0)" in err
+    assert "stage4.difficulty_filter=false" in err
+    assert (tmp_path / "smoke" / "difficulty" / "stage4.json").is_file()
+    assert not (tmp_path / "smoke" / "stage4" / "DONE").exists()

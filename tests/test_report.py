@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="the report is in the train extra")
 
-from birdtrain.report import write_report  # noqa: E402
+from birdtrain.report import write_report
 
 
 def _run(tmp_path: Path, rewards: list[float]) -> Path:

@@ -247,6 +247,45 @@ def test_stage2_per_turn_examples_label_one_turn_in_its_stage4_context(
         assert after.strip() == "<|im_end|>"
 
 
+def test_stage2_turns_sit_in_the_context_rollouts_build(
+    shop: list[Task], tiny: str, tmp_path: Path
+) -> None:
+    """From turn 2 on, a supervised turn's context is the one a rollout builds: the prompt, then
+    each earlier turn as the model emits it (the template's ``<think>`` block included), then the
+    template's tool block. Qwen3's own template drops the block from earlier turns."""
+    from birdtrain.data.tool_use import build_tool_trajectories
+    from birdtrain.rollout import prompt_ids, tool_suffix_ids
+    from birdtrain.stages import sft
+
+    trajectories = build_tool_trajectories(shop[:2], max_turns=4, progress=False)
+    trainer = sft.build_trainer(
+        _cfg(**{"stage2.turns": "each"}),
+        model_path=tiny,
+        out_dir=tmp_path,
+        examples=trajectories,
+        stage=2,
+    )
+    tokenizer = trainer.processing_class
+    rows = iter(trainer.train_dataset)
+    checked = 0
+    for trajectory in trajectories:
+        messages = trajectory["messages"]
+        context = prompt_ids(tokenizer, messages[:1])
+        for k, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            row = next(rows)
+            start = next(j for j, label in enumerate(row["labels"]) if label != -100)
+            assert row["input_ids"][:start] == context, f"turn {k} sits in another context"
+            checked += k > 1
+            turn = row["input_ids"][start:]
+            turn = turn[: turn.index(tokenizer.eos_token_id) + 1]  # what the model emits
+            if k + 1 < len(messages):
+                suffix = tool_suffix_ids(tokenizer, messages[: k + 2], turn_ended_with_eos=True)
+                context = context + turn + suffix
+    assert checked >= 2  # later turns were compared, not only openings
+
+
 def test_stage2_turns_setting_is_checked() -> None:
     with pytest.raises(ValueError, match="'each', 'first' or 'whole'"):
         load_config("smoke", overrides=["stage2.turns=some"])

@@ -42,6 +42,7 @@ def estimate_pass_rates(
     s = getattr(cfg, stage)
     mode = "single" if stage == "stage3" else "agent"
     path = Path(run_dir) / "difficulty" / f"{stage}.json"
+    tasks = list({t.instance_id: t for t in tasks}.values())  # a mixture may draw a task twice
     ids = [t.instance_id for t in tasks]
     if path.is_file():
         record = json.loads(path.read_text())

@@ -1,0 +1,70 @@
+"""Does LoRA speed up a training step of SmolLM2-135M on CPU? Full fine-tuning vs LoRA, side by side.
+
+One SFT-shaped step (forward, backward, AdamW update) on a stage-2-sized example: a linked-schema
+prompt and one tool-call turn, ~600 tokens of SmolLM2's tokenizer. LoRA trains ~1 % of the
+weights, so the optimizer is nearly free, but the forward and backward passes still run through
+every frozen layer: on CPU the step is bound by those, not by the optimizer. Run with
+``make bench`` or ``pytest benchmarks/test_lora.py --benchmark-only``; figures in
+benchmarks/README.md ("LoRA on CPU").
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the train extra")
+
+
+@pytest.fixture(scope="module")
+def example() -> tuple:
+    from birdenv.envs.critic import render_prompt
+    from birdenv.schema import PromptOptions
+    from birdenv.tasks import load_tasks
+    from birdenv.tools import TOOL_SCHEMAS, format_tool_call
+    from birdtrain.models import load_tokenizer, resolve_model
+
+    path = resolve_model("smollm")
+    tokenizer = load_tokenizer(path)
+    task = load_tasks("critic-mini")[0]
+    prompt = render_prompt(task, PromptOptions(schema="linked", sample_rows=False))
+    messages = [
+        {"role": "user", "content": prompt},
+        {
+            "role": "assistant",
+            "content": format_tool_call("submit_solution", sql_list=task.sol_sql),
+        },
+    ]
+    text = tokenizer.apply_chat_template(messages, tools=TOOL_SCHEMAS, tokenize=False)
+    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+    return path, ids
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-r16"])
+def test_sft_step_time(benchmark, example: tuple, lora: bool) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from birdtrain.config import ModelConfig
+    from birdtrain.models import lora_config
+
+    path, ids = example
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if lora:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, lora_config(ModelConfig(lora=True), model))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-5)
+    model.train()
+
+    def step() -> None:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step()  # allocate the optimizer state outside the timing
+    benchmark.pedantic(step, rounds=5, iterations=1)
+    benchmark.extra_info.update(
+        tokens=int(ids.shape[1]), trainable_parameters=sum(p.numel() for p in trainable)
+    )
