@@ -39,6 +39,19 @@ def test_config_layers_and_errors(tmp_path: Path) -> None:
         load_config("smoke", overrides=["eval.after=[stage2, stage5]"])
 
 
+def test_rl_settings_are_checked() -> None:
+    """GRPO samples a group: temperature 0 would make TRL divide the logits by 0."""
+    for stage in ("stage3", "stage4"):
+        with pytest.raises(ValueError, match=rf"{stage}.temperature must be > 0"):
+            load_config("smoke", overrides=[f"{stage}.temperature=0"])
+        with pytest.raises(ValueError, match=rf"{stage}.difficulty_samples must be >= 2"):
+            load_config("smoke", overrides=[f"{stage}.difficulty_samples=1"])
+    with pytest.raises(ValueError, match="schema must be one of 'full', 'linked'"):
+        load_config("smoke", overrides=["prompt.schema=short"])
+    with pytest.raises(ValueError, match=r"eval\.modes must list 'agent' and/or 'single'"):
+        load_config("smoke", overrides=["eval.modes=[agents]"])
+
+
 def test_evaluations_follow_eval_before_and_after(tmp_path: Path, capsys) -> None:
     """Only the named evaluations run, each into eval/<label>/, and the report shows them."""
     stages_off = [f"stage{i}.enabled=false" for i in range(1, 5)]
