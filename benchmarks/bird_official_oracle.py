@@ -19,7 +19,7 @@ psycopg2-binary pymysql``)::
 ``pairs`` judges every pair of ``tests/fixtures/bird_ex/pairs.jsonl`` (over the ``shop`` database
 of ``tests/conftest.py``) with each official script's own ``execute_model`` (prediction, gold,
 database file, index, time limit), one fresh copy of the database and one process per pair, and
-with :func:`birdenv.bird.execution_accuracy`. It prints every pair on which the scripts disagree
+with :func:`birdenv.ex.execution_accuracy`. It prints every pair on which the scripts disagree
 with each other, with the fixture's ``official`` field, or with ours (pairs whose ``ours`` field
 records a deliberate difference are listed apart). ``--write`` stores the first script's verdicts
 in the fixture's ``official`` field. A pair's ``timeout`` (seconds) is the time limit on both
@@ -102,7 +102,8 @@ def official_pair(
 
 
 def cmd_pairs(args: argparse.Namespace) -> int:
-    from birdenv.bird import BirdTask, execution_accuracy
+    from birdenv.bird import BirdTask
+    from birdenv.ex import execution_accuracy
     from birdenv.replicas.pool import ReplicaPool
 
     sys.path.insert(0, str(ROOT))  # the shop database is the tests' own

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from birdenv import suites
+from birdenv.bird import BIRD_SEPARATOR
 from birdenv.errors import BirdEnvError, TaskFormatError
 from birdenv.judge import INSTANCE_TIMEOUT
 from birdenv.tasks import CATEGORIES, Task, load_tasks
@@ -115,9 +116,10 @@ def _cmd_data_validate(args: argparse.Namespace) -> int:
     from birdenv.judge import judge_many
 
     if args.bird:
-        from birdenv.bird import load_bird, validate_bird
+        from birdenv.bird import load_bird
+        from birdenv.ex import validate_bird
 
-        questions = load_bird(args.bird, db_root=args.db_root)
+        questions = load_bird(args.bird, db_dir=args.db_root)
         problems = validate_bird(questions, max_seconds=1.0)
         for line in problems:
             print(line)
@@ -292,8 +294,6 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 # -- birdenv evaluate, BIRD text-to-SQL ----------------------------------------------------------
-#: What BIRD's own scripts put between a predicted query and its database name.
-BIRD_SEPARATOR = "\t----- bird -----\t"
 _CRITIC_KEYS = ("pred_sqls", "instance_id", "issue_sql", "error_sql")
 _BIRD_KEYS = ("question_id", "pred_sql", "SQL")
 
@@ -442,7 +442,8 @@ def _evaluate_bird(args: argparse.Namespace, path: Path) -> int:
     entry (and its question scores 0); their time limit (30 s) covers the prediction and the gold
     together, here each one (``--statement-timeout``, default 30 s).
     """
-    from birdenv.bird import DIFFICULTIES, execution_accuracy_many, load_bird
+    from birdenv.bird import DIFFICULTIES, load_bird
+    from birdenv.ex import execution_accuracy_many
 
     db_root = args.db_root or args.db_dir
     if args.tasks:
@@ -453,10 +454,10 @@ def _evaluate_bird(args: argparse.Namespace, path: Path) -> int:
             )
             return 2
         source = args.tasks
-        tasks = load_bird(args.tasks, db_root=db_root)
+        tasks = load_bird(args.tasks, db_dir=db_root)
     else:
         source = args.suite if args.suite else "bird-mini-eval"
-        tasks = load_bird(source, db_root=db_root)
+        tasks = load_bird(source, db_dir=db_root)
     entries = _bird_entries(path, tasks, source)
     good = [item for _, item in entries if not isinstance(item, str)]
     started = time.perf_counter()

@@ -7,8 +7,25 @@ class BirdEnvError(Exception):
     """Root of every error birdenv raises on purpose."""
 
 
-class TaskFormatError(BirdEnvError, ValueError):
+class InputFormatError(BirdEnvError, ValueError):
+    """An input file cannot be read as rows; the message names the file, the line and the field."""
+
+
+class TaskFormatError(InputFormatError):
     """A task row is malformed; the message names the file, the line and the field."""
+
+
+class PredictionFormatError(InputFormatError):
+    """A prediction cannot be scored as given; the message names the file, the entry and why."""
+
+
+class ArgumentError(BirdEnvError, TypeError):
+    """Keyword arguments that do not fit together, or one birdenv does not take; the message says
+    what to pass instead."""
+
+
+class TaskKindError(BirdEnvError, TypeError):
+    """Tasks of one kind were given where another kind is needed; the message says which fits."""
 
 
 class UnknownSuiteError(BirdEnvError, KeyError):

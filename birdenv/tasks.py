@@ -1,27 +1,49 @@
-"""Tasks in the official BIRD-CRITIC form, and loading them from a suite name or a JSONL file.
+"""The task protocol both kinds implement, the debugging kind, and loading tasks of either kind.
 
-A task row (one JSON object per line) carries the official fields: ``instance_id``, ``db_id``,
-``dialect``, ``category``, ``query``, ``issue_sql``, ``preprocess_sql``, ``clean_up_sql``,
-``sol_sql``, ``test_cases``, ``conditions``, ``efficiency``. SQL list fields may also be strings
-joined with the literal separator ``[split]``; the older names ``selected_database`` and
-``error_sql`` are accepted for ``db_id`` and ``issue_sql``.
+Two kinds of task share one protocol, :class:`BaseTask`: a BIRD-CRITIC debugging task
+(:class:`Task`, here) and a BIRD text-to-SQL question (:class:`birdenv.bird.BirdTask`). Every task
+says its kind, its category, the sections of its prompt, its database, and how a submission is
+judged; environments, judging, rewards and reports ask the task instead of testing which kind it
+is. :func:`load_tasks` loads either kind from a bundled suite's name or a file (the kind of a file
+is read from its first row).
 
-Databases follow the official layout ``{db_dir}/{db_id}/{db_id}_template.sqlite``, so the official
+A debugging task row (one JSON object per line) carries the official fields: ``instance_id``,
+``db_id``, ``dialect``, ``category``, ``query``, ``issue_sql``, ``preprocess_sql``,
+``clean_up_sql``, ``sol_sql``, ``test_cases``, ``conditions``, ``efficiency``. SQL list fields may
+also be strings joined with the literal separator ``[split]``; the older names
+``selected_database`` and ``error_sql`` are accepted for ``db_id`` and ``issue_sql``. Databases
+follow the official layout ``{db_dir}/{db_id}/{db_id}_template.sqlite``, so the official
 ``bird-critic-1.0-sqlite`` and ``six-gym-sqlite`` data work unchanged.
+
+Judging sits a layer above this one (:mod:`birdenv.judge`, :mod:`birdenv.ex`, which import the
+tasks); :meth:`BaseTask.judge` reaches it when it is called, never at import.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
-from birdenv.errors import DatabaseNotFoundError, TaskFormatError
+from birdenv.errors import DatabaseNotFoundError, TaskFormatError, UnknownSuiteError
+from birdenv.rows import open_row, plain_db_id, read_rows
 
-__all__ = ["CATEGORIES", "Task", "database_path", "iter_tasks", "load_tasks", "parse_task"]
+__all__ = [
+    "CATEGORIES",
+    "BaseTask",
+    "Judgement",
+    "Task",
+    "database_path",
+    "iter_tasks",
+    "load_tasks",
+    "parse_task",
+    "source_kind",
+    "split_sql_field",
+    "task_kinds",
+]
 
 #: The three categories of BIRD-CRITIC.
 CATEGORIES = ("Query", "Management", "Personalization")
@@ -31,18 +53,152 @@ _ALIASES = {"selected_database": "db_id", "error_sql": "issue_sql"}
 _SQL_LISTS = ("issue_sql", "preprocess_sql", "clean_up_sql", "sol_sql")
 
 
+class Judgement(Protocol):
+    """What a verdict of any kind tells (:class:`birdenv.judge.Verdict`, :class:`birdenv.ex.ExVerdict`)."""
+
+    instance_id: str
+    phase: str | None
+    error: str | None
+    timings: dict[str, float]
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def passed(self) -> bool: ...
+
+    @property
+    def fraction(self) -> float: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class BaseTask(abc.ABC):
+    """What every kind of task provides.
+
+    Per kind (class attributes): ``kind``, the kind's name (``"critic"``, ``"bird"``: the key of a
+    kind in mixtures, TRL rows and summaries); ``env_id``, the Gymnasium environment that plays it;
+    ``metric`` and ``metric_name``, what its verdicts add up to (``"SR"``/``"success_rate"``,
+    ``"EX"``/``"execution_accuracy"``); ``category_name`` and ``categories``, what its
+    :attr:`category` is called and its values in report order; ``skill``, what a model does
+    (``"debugging"``, ``"generation"``); ``goal``, the task as the prompt states it;
+    ``submission_rule``, what an environment's prompt adds about submitting (may be empty);
+    ``suites``, the bundled suites of the kind.
+
+    Per task: ``instance_id``, ``db_id``, ``db_dir``, :attr:`db_path`, :attr:`category`,
+    ``preprocess_sql`` (what prepares an episode's starting state), :meth:`prompt_sections` (and
+    :meth:`prompt_text`), :meth:`judge` and :meth:`to_dict`.
+    """
+
+    kind: ClassVar[str]
+    env_id: ClassVar[str]
+    metric: ClassVar[str]
+    metric_name: ClassVar[str]
+    category_name: ClassVar[str]
+    categories: ClassVar[tuple[str, ...]]
+    skill: ClassVar[str]
+    goal: ClassVar[str]
+    submission_rule: ClassVar[str]
+    suites: ClassVar[tuple[str, ...]]
+
+    instance_id: str
+    db_id: str
+    db_dir: Path | None
+    preprocess_sql: list[str]
+
+    @property
+    @abc.abstractmethod
+    def category(self) -> str:
+        """What ``info["category"]`` says and reports group by."""
+
+    @property
+    @abc.abstractmethod
+    def db_path(self) -> Path:
+        """The task's database file; :class:`DatabaseNotFoundError` when it is missing."""
+
+    @abc.abstractmethod
+    def prompt_sections(self) -> list[tuple[str, str]]:
+        """The task's own parts of a prompt, ``(heading, text)`` in order, after the schema."""
+
+    def prompt_text(self) -> str:
+        """:meth:`prompt_sections` as prompt text: a ``# heading:`` line above each part."""
+        return "\n\n".join(f"# {heading}:\n{text}" for heading, text in self.prompt_sections())
+
+    @abc.abstractmethod
+    def judge(
+        self,
+        sql_list: list[str] | str,
+        *,
+        pool: Any = None,
+        statement_timeout: float | None = None,
+        official: bool = False,
+    ) -> Judgement:
+        """The verdict on a submission, judged on fresh states of the task's database.
+
+        ``statement_timeout`` bounds each statement (``None``: the kind's official default).
+        ``official=True`` scores exactly by the official rule, quirks included (evaluation);
+        ``False`` (rewards, environments) closes a reward hack where the official rule of a kind
+        has one. Problems with the submission are verdicts, never exceptions.
+        """
+
+    @classmethod
+    @abc.abstractmethod
+    def judge_many(
+        cls,
+        jobs: Iterable[tuple[Any, list[str] | str]],
+        *,
+        processes: int = 1,
+        official: bool = False,
+    ) -> Iterator[Judgement]:
+        """:meth:`judge` of many ``(task, sql_list)`` pairs of this kind, in order, in supervised
+        worker processes when ``processes > 1``."""
+
+    @classmethod
+    @abc.abstractmethod
+    def load(cls, source: str | Path, *, db_dir: str | Path | None = None) -> list[Any]:
+        """The tasks of one of :attr:`suites`, or of a file of this kind (databases in ``db_dir``)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def matches(cls, row: Any) -> bool:
+        """Whether a decoded row of a task file is of this kind."""
+
+    @abc.abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """The task as an official row of its kind."""
+
+
 def database_path(db_dir: str | Path, db_id: str) -> Path:
     """The official location of a task database: ``{db_dir}/{db_id}/{db_id}_template.sqlite``."""
     return Path(db_dir) / db_id / f"{db_id}_template.sqlite"
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
+class Task(BaseTask):
     """One BIRD-CRITIC task: a database, a user's issue, their broken SQL, the fix and its tests.
 
     ``db_dir`` is not part of the official row: it says where the task's database lives and is set
     by :func:`load_tasks` (bundled suites know theirs; for a JSONL file pass ``db_dir=``).
+
+    >>> task = load_tasks("critic-mini")[0]
+    >>> task.kind, task.metric, task.category in task.categories
+    ('critic', 'SR', True)
+    >>> task.judge(task.sol_sql).status
+    'success'
     """
+
+    kind: ClassVar[str] = "critic"
+    env_id: ClassVar[str] = "BirdCritic-SQLite-v0"
+    metric: ClassVar[str] = "SR"
+    metric_name: ClassVar[str] = "success_rate"
+    category_name: ClassVar[str] = "category"
+    categories: ClassVar[tuple[str, ...]] = CATEGORIES
+    skill: ClassVar[str] = "debugging"
+    goal: ClassVar[str] = (
+        "understand the user's issue and fix their problematic SQL, given the database schema"
+    )
+    submission_rule: ClassVar[str] = ""
+    suites: ClassVar[tuple[str, ...]] = ("gym-mini", "critic-mini")
 
     instance_id: str
     db_id: str
@@ -76,6 +232,67 @@ class Task:
             )
         return path
 
+    def prompt_sections(self) -> list[tuple[str, str]]:
+        """The user's issue and the problematic SQL, one fenced block per statement."""
+        return [
+            ("User issue", self.query),
+            ("Problematic SQL", "\n".join(f"```sql\n{sql}\n```" for sql in self.issue_sql)),
+        ]
+
+    def judge(
+        self,
+        sql_list: list[str] | str,
+        *,
+        pool: Any = None,
+        statement_timeout: float | None = None,
+        official: bool = False,
+    ) -> Judgement:
+        """The official BIRD-CRITIC verdict (:func:`birdenv.judge.judge`); it has no reward hack
+        to close, so ``official`` changes nothing."""
+        from birdenv.judge import judge
+
+        return judge(self, sql_list, pool=pool, statement_timeout=statement_timeout)
+
+    @classmethod
+    def judge_many(
+        cls,
+        jobs: Iterable[tuple[Any, list[str] | str]],
+        *,
+        processes: int = 1,
+        official: bool = False,
+    ) -> Iterator[Judgement]:
+        """:func:`birdenv.judge.judge_many` (every instance in a supervised worker)."""
+        from birdenv.judge import judge_many
+
+        return judge_many(jobs, processes=processes)
+
+    @classmethod
+    def load(cls, source: str | Path, *, db_dir: str | Path | None = None) -> list[Task]:
+        """Debugging tasks of a bundled suite or an official JSONL file (see :func:`load_tasks`)."""
+        from birdenv import suites  # a suite builds databases: import it only when a name is used
+
+        if isinstance(source, str) and suites.is_suite(source):
+            suite = suites.ensure(source)
+            source, db_dir = suite.tasks_path, (db_dir or suite.db_dir)
+        path = Path(source)
+        tasks: list[Task] = []
+        seen: set[str] = set()
+        for item in iter_tasks(path, db_dir=db_dir):
+            if isinstance(item, TaskFormatError):
+                raise item
+            if item.instance_id in seen:
+                raise TaskFormatError(
+                    f"{path}: field 'instance_id': {item.instance_id!r} appears twice"
+                )
+            seen.add(item.instance_id)
+            tasks.append(item)
+        return tasks
+
+    @classmethod
+    def matches(cls, row: Any) -> bool:
+        """Every object row that is not another kind's: the official form names few fields."""
+        return isinstance(row, dict)
+
     def to_dict(self) -> dict[str, Any]:
         """The task as an official JSONL row (lists, not ``[split]`` strings)."""
         row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -104,53 +321,6 @@ def split_sql_field(value: Any) -> list[str]:
     raise TypeError(
         f"expected a list of strings or a [split]-joined string, got {type(value).__name__}"
     )
-
-
-def read_rows(path: Path) -> Iterator[tuple[int, Any] | TaskFormatError]:
-    """``(line, row)`` of each line of a JSONL file, or ``(item, row)`` of a JSON array file; a
-    line that is not valid JSON comes as the :class:`TaskFormatError` naming it."""
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as exc:
-            yield TaskFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})")
-            return
-        yield from enumerate(items, start=1)
-        return
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield lineno, json.loads(line)
-        except json.JSONDecodeError as exc:
-            yield TaskFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})")
-
-
-def open_row(
-    row: Any, *, source: str, line: int
-) -> tuple[dict[str, Any], Callable[[str, str], TaskFormatError]]:
-    """A row's fields as a new dict, and the maker of errors naming ``source:line`` and a field.
-
-    Raises :class:`TaskFormatError` when the row is not a JSON object.
-    """
-    where = f"{source}:{line}" if line else source
-
-    def fail(field: str, why: str) -> TaskFormatError:
-        return TaskFormatError(f"{where}: field {field!r}: {why}")
-
-    if not isinstance(row, dict):
-        raise TaskFormatError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    return dict(row), fail
-
-
-def plain_db_id(value: Any, fail: Callable[[str, str], TaskFormatError]) -> str:
-    """``value`` as a database name that stays inside its folder, or the error ``fail`` makes."""
-    if not isinstance(value, str) or not value:
-        raise fail("db_id", "missing or not a non-empty string")
-    if "/" in value or "\\" in value or value in (".", ".."):
-        raise fail("db_id", f"not a plain database name: {value!r}")
-    return value
 
 
 def parse_task(
@@ -229,32 +399,45 @@ def iter_tasks(
             yield exc
 
 
-def load_tasks(source: str | Path, *, db_dir: str | Path | None = None) -> list[Task]:
-    """Load tasks from a bundled suite's name (``"critic-mini"``) or from an official JSONL file.
+def task_kinds() -> tuple[type[BaseTask], ...]:
+    """Every kind of task, the most specific first: :class:`birdenv.bird.BirdTask`, :class:`Task`."""
+    from birdenv.bird import BirdTask  # questions import this module
 
-    A bundled suite is built on first use and its tasks know their database directory; for a file,
-    ``db_dir`` is the folder holding ``{db_id}/{db_id}_template.sqlite``. The first malformed row
-    raises :class:`TaskFormatError` naming the file, line and field.
+    return (BirdTask, Task)
+
+
+def source_kind(source: str | Path) -> type[BaseTask]:
+    """The kind of the tasks a bundled suite's name or a task file holds.
+
+    A file's kind is its first row's: BIRD's rows carry ``question_id`` and ``SQL``, debugging
+    tasks do not. Raises :class:`UnknownSuiteError` for a name that is neither a suite nor a file.
+
+    >>> source_kind("bird-mini-eval").kind, source_kind("gym-mini").kind
+    ('bird', 'critic')
     """
-    from birdenv import suites  # a suite builds databases: import it only when a name is used
-
-    if isinstance(source, str) and suites.is_suite(source):
-        suite = suites.ensure(source)
-        source, db_dir = suite.tasks_path, (db_dir or suite.db_dir)
+    kinds = task_kinds()
+    for kind in kinds:
+        if isinstance(source, str) and source in kind.suites:
+            return kind
     path = Path(source)
     if not path.is_file():
-        raise suites.UnknownSuiteError(
-            f"{str(source)!r} is neither a bundled suite ({', '.join(suites.names())}) nor a file"
-        )
-    tasks: list[Task] = []
-    seen: set[str] = set()
-    for item in iter_tasks(path, db_dir=db_dir):
-        if isinstance(item, TaskFormatError):
-            raise item
-        if item.instance_id in seen:
-            raise TaskFormatError(
-                f"{path}: field 'instance_id': {item.instance_id!r} appears twice"
-            )
-        seen.add(item.instance_id)
-        tasks.append(item)
-    return tasks
+        names = ", ".join(name for kind in reversed(kinds) for name in kind.suites)
+        raise UnknownSuiteError(f"{str(source)!r} is neither a bundled suite ({names}) nor a file")
+    first = next((item[1] for item in read_rows(path) if not isinstance(item, Exception)), None)
+    return next((kind for kind in kinds if kind.matches(first)), Task)
+
+
+def load_tasks(source: str | Path, *, db_dir: str | Path | None = None) -> list[Any]:
+    """Tasks of either kind from a bundled suite's name or from an official file.
+
+    ``critic-mini``/``gym-mini`` and debugging JSONL give :class:`Task`; ``bird-mini-train``/
+    ``bird-mini-eval`` and BIRD's files (JSONL, or one JSON array as ``dev.json``) give
+    :class:`birdenv.bird.BirdTask`. A bundled suite is built on first use and its tasks know their
+    database directory; for a file, ``db_dir`` is the folder holding ``{db_id}/{db_id}_template.sqlite``
+    (or BIRD's ``{db_id}/{db_id}.sqlite``). The first malformed row raises
+    :class:`TaskFormatError` naming the file, line and field; so does a repeated id.
+
+    >>> [type(t).__name__ for t in load_tasks("gym-mini")[:1] + load_tasks("bird-mini-train")[:1]]
+    ['Task', 'BirdTask']
+    """
+    return source_kind(source).load(source, db_dir=db_dir)

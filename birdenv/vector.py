@@ -61,7 +61,7 @@ observation and the verdict in ``infos["final_obs"]`` and ``infos["final_info"]`
 from __future__ import annotations
 
 import functools
-import json
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -70,85 +70,18 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.utils import seeding
 
-__all__ = [
-    "BIRD_ENV_ID",
-    "ENV_ID",
-    "KINDS",
-    "MixedTaskEnv",
-    "load_source",
-    "make_vec",
-    "task_category",
-    "task_kind",
-]
+from birdenv.compat import db_dir_argument
+from birdenv.envs import env_class_for
+from birdenv.tasks import load_tasks, source_kind
+
+__all__ = ["BIRD_ENV_ID", "ENV_ID", "MixedTaskEnv", "make_vec"]
 
 #: The environment :func:`make_vec` vectorizes by default (debugging tasks).
 ENV_ID = "BirdCritic-SQLite-v0"
 #: The environment of BIRD text-to-SQL questions.
 BIRD_ENV_ID = "BirdSQL-SQLite-v0"
-#: Task kinds: ``"critic"`` (:class:`birdenv.tasks.Task`, debugging) and ``"bird"``
-#: (:class:`birdenv.bird.BirdTask`, text-to-SQL generation).
-KINDS = ("critic", "bird")
 # Steps per episode when the registration's TimeLimit is not there to say (MixedTaskEnv).
 _DEFAULT_MAX_STEPS = 5
-
-
-def task_kind(task: Any) -> str:
-    """``"bird"`` for a :class:`~birdenv.bird.BirdTask`, ``"critic"`` for a :class:`~birdenv.tasks.Task`."""
-    from birdenv.bird import BirdTask
-    from birdenv.tasks import Task
-
-    if isinstance(task, BirdTask):
-        return "bird"
-    if isinstance(task, Task):
-        return "critic"
-    raise TypeError(f"not a task: {type(task).__name__} (expected Task or BirdTask)")
-
-
-def task_category(task: Any) -> str:
-    """What environments report as ``info["category"]``: the category, or a question's difficulty."""
-    return task.difficulty if task_kind(task) == "bird" else task.category
-
-
-def _is_bird_file(path: Path) -> bool:
-    """A BIRD file's first row has ``question_id`` and ``SQL``; a debugging task's does not."""
-    with path.open(encoding="utf-8") as fh:
-        head = fh.read(1 << 16).lstrip()
-    if head.startswith("["):
-        return '"question_id"' in head and '"SQL"' in head
-    first = head.split("\n", 1)[0]
-    try:
-        row = json.loads(first)
-    except json.JSONDecodeError:
-        return False
-    return isinstance(row, dict) and "question_id" in row and "SQL" in row
-
-
-def load_source(source: str | Path, *, db_dir: str | Path | None = None) -> list[Any]:
-    """The tasks of one task source: a bundled suite name or a file, of either kind.
-
-    ``critic-mini``/``gym-mini`` (and any debugging JSONL) give tasks (:class:`~birdenv.tasks.Task`),
-    ``bird-mini-train``/``bird-mini-eval`` (and any file whose rows carry ``question_id`` and
-    ``SQL``, BIRD's format) give questions (:class:`~birdenv.bird.BirdTask`). ``db_dir`` is the database
-    folder of a file (``{db_id}/{db_id}_template.sqlite``, or BIRD's ``{db_id}/{db_id}.sqlite``).
-    """
-    from birdenv import suites
-    from birdenv.bird import BIRD_SUITES, load_bird
-    from birdenv.errors import UnknownSuiteError
-    from birdenv.tasks import load_tasks
-
-    if isinstance(source, str) and source in BIRD_SUITES:
-        return load_bird(source, db_root=db_dir)
-    if isinstance(source, str) and suites.is_suite(source):
-        return load_tasks(source, db_dir=db_dir)
-    path = Path(source)
-    if not path.is_file():
-        raise UnknownSuiteError(
-            f"{str(source)!r} is neither a bundled suite ({', '.join([*suites.names(), *BIRD_SUITES])}) "
-            "nor a file"
-        )
-    return (
-        load_bird(path, db_root=db_dir) if _is_bird_file(path) else load_tasks(path, db_dir=db_dir)
-    )
 
 
 class MixedTaskEnv(gym.Env[str, str]):
@@ -163,10 +96,11 @@ class MixedTaskEnv(gym.Env[str, str]):
     sources.
 
     Args:
-        sources: Source name → a list of tasks, or a suite name / file for :func:`load_source`.
+        sources: Source name → a list of tasks, or a suite name / file for
+            :func:`birdenv.tasks.load_tasks`.
         weights: Source name → sampling weight (non-negative, not all 0); default: each source's
             number of tasks, i.e. uniform over all tasks.
-        db_dir: Database folder for sources given as files.
+        db_dir: Database folder for sources given as files (``db_root``: its old name).
         **env_kwargs: Passed to every source's env: ``reward``, ``pool``, ``pool_options``,
             ``statement_timeout``, ``max_rows``, ``max_result_bytes``, ``render_mode``,
             ``prompt_options``.
@@ -180,11 +114,10 @@ class MixedTaskEnv(gym.Env[str, str]):
         weights: Mapping[str, float] | None = None,
         *,
         db_dir: str | Path | None = None,
+        db_root: str | Path | None = None,
         **env_kwargs: Any,
     ) -> None:
-        from birdenv.envs.bird_sql import BirdSQLEnv
-        from birdenv.envs.critic import BirdCriticEnv
-
+        db_dir = db_dir_argument(db_dir, db_root, "MixedTaskEnv")
         if not sources:
             raise ValueError("a mixture needs at least one task source")
         self.envs: dict[str, Any] = {}
@@ -192,16 +125,17 @@ class MixedTaskEnv(gym.Env[str, str]):
         sizes = {}
         for name, source in sources.items():
             tasks = (
-                load_source(source, db_dir=db_dir)
+                load_tasks(source, db_dir=db_dir)
                 if isinstance(source, (str, Path))
                 else list(source)
             )
             if not tasks:
                 raise ValueError(f"task source {name!r} holds no tasks")
-            kinds = {task_kind(t) for t in tasks}
+            kinds = {type(t) for t in tasks}
             if len(kinds) != 1:
                 raise ValueError(
-                    f"task source {name!r} mixes task kinds {sorted(kinds)}: give one source per kind"
+                    f"task source {name!r} mixes task kinds {sorted(k.kind for k in kinds)}: "
+                    "give one source per kind"
                 )
             for task in tasks:
                 other = self._owner.setdefault(task.instance_id, name)
@@ -210,8 +144,8 @@ class MixedTaskEnv(gym.Env[str, str]):
                         f"task id {task.instance_id!r} is in both {other!r} and {name!r}: ids must "
                         "be unique across the sources of a mixture"
                     )
-            cls = BirdSQLEnv if kinds == {"bird"} else BirdCriticEnv
-            self.envs[name] = cls(tasks=tasks, **env_kwargs)
+            # The env of the kind, without the TimeLimit: this env carries one.
+            self.envs[name] = env_class_for(type(tasks[0]))(tasks=tasks, **env_kwargs)
             sizes[name] = len(tasks)
         weights = dict(sizes if weights is None else weights)
         if set(weights) != set(self.envs):
@@ -313,8 +247,6 @@ def _make_mixed(
     """Build one :class:`MixedTaskEnv` copy (in the worker), with the TimeLimit the envs register."""
     kwargs = dict(env_kwargs)
     steps = kwargs.pop("max_episode_steps", None) or _DEFAULT_MAX_STEPS
-    if "db_root" in kwargs:
-        kwargs["db_dir"] = kwargs.pop("db_root") or kwargs.get("db_dir")
     env = gym.wrappers.TimeLimit(MixedTaskEnv(sources, weights, **kwargs), steps)
     if seed is not None:
         # As _seed_env: a first plain reset() draws what reset(seed=seed) would.
@@ -352,10 +284,10 @@ def make_vec(
         vector_kwargs: Extra arguments for the vector class, e.g. ``context="spawn"`` or
             ``autoreset_mode``.
         mixture: Task source → sampling weight, e.g. ``{"gym-mini": 0.7, "bird-mini-train":
-            0.3}`` (sources: suite names or files for :func:`load_source`). With ``tasks=`` of
+            0.3}`` (sources: suite names or files for :func:`birdenv.tasks.load_tasks`). With ``tasks=`` of
             both kinds, the keys are the kinds (``"critic"``, ``"bird"``) and weight the draw
             between them (default: their sizes).
-        **env_kwargs: Passed to every copy's env: ``tasks``, ``db_dir`` (``db_root`` for BIRD),
+        **env_kwargs: Passed to every copy's env: ``tasks``, ``db_dir`` (``db_root``: its old name),
             ``reward``, ``pool_options``, ``statement_timeout``, ``max_rows``,
             ``max_result_bytes``, ``prompt_options``, ``max_episode_steps`` ...
 
@@ -370,6 +302,8 @@ def make_vec(
     if num_envs < 1:
         raise ValueError(f"num_envs must be at least 1, got {num_envs}")
     kwargs = dict(env_kwargs)
+    if "db_root" in kwargs:
+        kwargs["db_dir"] = db_dir_argument(kwargs.get("db_dir"), kwargs.pop("db_root"), "make_vec")
     if asynchronous and kwargs.get("pool") is not None:
         raise ValueError(
             "a ReplicaPool cannot cross into worker processes; pass pool_options={...} instead "
@@ -383,12 +317,12 @@ def make_vec(
         tasks = list(tasks)
         by_kind: dict[str, list[Any]] = {}
         for task in tasks:
-            by_kind.setdefault(task_kind(task), []).append(task)
+            by_kind.setdefault(task.kind, []).append(task)
         if len(by_kind) > 1 or mixture is not None:
             sources = by_kind
             weights = None if mixture is None else dict(mixture)
-        elif "bird" in by_kind:
-            env_id = BIRD_ENV_ID
+        elif tasks:
+            env_id = tasks[0].env_id
     elif mixture is not None:
         if not mixture:
             raise ValueError("mixture is empty: name at least one task source")
@@ -408,16 +342,11 @@ def make_vec(
     else:
         if tasks is not None:
             kwargs["tasks"] = tasks
-            if isinstance(tasks, (str, Path)) and _is_bird_file(Path(tasks)):
-                env_id = BIRD_ENV_ID
+            if isinstance(tasks, (str, Path)):
+                env_id = source_kind(tasks).env_id
         else:
-            from birdenv.bird import BIRD_SUITES
-
             kwargs["suite"] = suite
-            if suite in BIRD_SUITES:
-                env_id = BIRD_ENV_ID
-        if env_id == BIRD_ENV_ID and "db_dir" in kwargs:
-            kwargs["db_root"] = kwargs.pop("db_dir")
+            env_id = source_kind(suite).env_id
         fns = [
             functools.partial(_make_env, kwargs, None if seed is None else seed + i, env_id)
             for i in range(num_envs)
@@ -436,3 +365,29 @@ def make_vec(
         envs.action_space.seed(seed)
         envs.observation_space.seed(seed)
     return envs
+
+
+# Moved in 0.2: importable from here, with a warning, for one release.
+def _task_kind(task: Any) -> str:
+    return task.kind
+
+
+def _task_category(task: Any) -> str:
+    return task.category
+
+
+_MOVED = {
+    "load_source": ("birdenv.tasks.load_tasks", load_tasks),
+    "task_kind": ("the task's .kind", _task_kind),
+    "task_category": ("the task's .category", _task_category),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        new, value = _MOVED[name]
+        warnings.warn(
+            f"birdenv.vector.{name} is deprecated: use {new}", DeprecationWarning, stacklevel=2
+        )
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -104,13 +104,13 @@ def _cmd_mixture(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from birdenv.vector import load_source
+    from birdenv.tasks import load_tasks
     from birdtrain.evaluate import evaluate_policy
 
     tasks = (
-        load_source(args.tasks, db_dir=args.db_dir or args.db_root)
+        load_tasks(args.tasks, db_dir=args.db_dir or args.db_root)
         if args.tasks
-        else load_source(args.suite)
+        else load_tasks(args.suite)
     )
     if args.limit:
         tasks = tasks[: args.limit]

@@ -66,7 +66,7 @@ def prepare_run(cfg: Any, *, mixture: bool = True) -> Path:
 def _tasks(cfg: Any, which: str) -> list:
     """The training tasks (a mixture's draw, or the train suite), the evaluation tasks (either
     kind), or ``"bird_eval"``: the BIRD questions scored for execution accuracy (may be empty)."""
-    from birdenv.vector import load_source
+    from birdenv.tasks import load_tasks
     from birdtrain.data import load_train_tasks
 
     if which == "train":
@@ -75,9 +75,9 @@ def _tasks(cfg: Any, which: str) -> list:
         suite = _bird_eval_suite(cfg)
         if suite is None:
             return []
-        tasks = load_source(suite, db_dir=cfg.data.bird_db_root)
+        tasks = load_tasks(suite, db_dir=cfg.data.bird_db_root)
     else:
-        tasks = load_source(cfg.data.eval_suite, db_dir=cfg.data.eval_db_dir)
+        tasks = load_tasks(cfg.data.eval_suite, db_dir=cfg.data.eval_db_dir)
     return tasks[: cfg.eval.max_tasks] if cfg.eval.max_tasks else tasks
 
 
@@ -95,17 +95,14 @@ def _bird_eval_suite(cfg: Any) -> str | None:
         names = list(mixture) if mixture else [cfg.data.train_suite]
     if cfg.data.eval_suite in BIRD_SUITES:
         return None  # the main evaluation already scores BIRD questions
-    return "bird-mini-eval" if any(_is_bird_source(n, cfg) for n in names) else None
+    return "bird-mini-eval" if any(_is_bird_source(n) for n in names) else None
 
 
-def _is_bird_source(name: str, cfg: Any) -> bool:
-    from birdenv.bird import BIRD_SUITES
-    from birdenv.vector import load_source, task_kind
+def _is_bird_source(name: str) -> bool:
+    from birdenv.bird import BirdTask
+    from birdenv.tasks import source_kind
 
-    if name in BIRD_SUITES:
-        return True
-    tasks = load_source(name, db_dir=cfg.data.db_dir)
-    return bool(tasks) and task_kind(tasks[0]) == "bird"
+    return source_kind(name) is BirdTask
 
 
 def _resolve_mixture(cfg: Any, run_dir: Path) -> None:

@@ -33,10 +33,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from birdenv.bird import DIFFICULTIES
-from birdenv.judge import judge_many
+from birdenv.bird import BIRD_SEPARATOR, DIFFICULTIES, BirdTask
 from birdenv.tasks import CATEGORIES, Task
-from birdenv.vector import task_category, task_kind
 from birdtrain.rollout import Episode, submitted
 from birdtrain.trajectory_store import TrajectoryStore, episode_rows
 
@@ -55,8 +53,6 @@ PAPER_RESULTS = [
 #: Execution accuracy on BIRD dev reported by the BIRD-RL paper (its unified model).
 PAPER_BIRD_RESULTS = [("BIRD-RL unified 7B", 63.9)]
 _REFERENCE = ("oracle", "echo", "scripted")
-# What each task kind is scored by, and the word for it.
-_METRIC = {"critic": ("SR", "debugging"), "bird": ("EX", "generation")}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -76,11 +72,10 @@ def _threaded_episodes(
 ) -> list[Episode]:
     """Run ``play(env, task) -> (info, reward, generation seconds)`` for every job, one env per
     worker thread (the envs share the process's replica pool)."""
-    from birdenv.envs.bird_sql import BirdSQLEnv
-    from birdenv.envs.critic import BirdCriticEnv
+    from birdenv.envs import BirdCriticEnv, env_class_for
 
     tasks = [task for task, _ in jobs]
-    env_class = BirdSQLEnv if tasks and task_kind(tasks[0]) == "bird" else BirdCriticEnv
+    env_class = env_class_for(type(tasks[0])) if tasks else BirdCriticEnv
 
     def worker(chunk: list[tuple[Task, int]]) -> list[Episode]:
         env = env_class(tasks=tasks, prompt_options=prompt)
@@ -124,7 +119,7 @@ def _reference_episodes(
     from birdtrain.data.tool_use import OfflineExpert
 
     def play(env: Any, task: Task, statement_s: list) -> tuple[dict, float, float]:
-        bird = task_kind(task) == "bird"
+        bird = isinstance(task, BirdTask)
         if policy == "scripted" and bird:
             act = BirdExpert(task, gather_bird_evidence(task, default_pool()), max_turns).act
         elif policy == "scripted":
@@ -280,7 +275,7 @@ def _summarize(episodes: list[Episode], by_id: dict[str, Task], n: int) -> dict[
     category = {}
     for e in episodes:
         by_task[e.task_id].append(e.passed)
-        category[e.task_id] = task_category(by_id[e.task_id])
+        category[e.task_id] = by_id[e.task_id].category
     first = {tid: results[0] for tid, results in by_task.items()}
     by_category: dict[str, dict[str, Any]] = {}
     known = (*CATEGORIES, *DIFFICULTIES)
@@ -371,7 +366,7 @@ def evaluate_policy(
         raise ValueError(f"mode must be 'agent' or 'single', got {mode!r}")
     if not tasks:
         raise ValueError("no tasks to evaluate")
-    kinds = {task_kind(t) for t in tasks}
+    kinds = {type(t) for t in tasks}
     if len(kinds) > 1:
         raise ValueError(
             "the tasks mix debugging tasks and BIRD questions: evaluate each kind on its own "
@@ -431,9 +426,7 @@ def evaluate_policy(
         store.append(
             row
             for e in episodes
-            for row in episode_rows(
-                e, category=task_category(by_id[e.task_id]), run=label, stage="eval"
-            )
+            for row in episode_rows(e, category=by_id[e.task_id].category, run=label, stage="eval")
         )
     else:
         if policy in _REFERENCE:
@@ -449,16 +442,10 @@ def evaluate_policy(
         )
         split["generation_s"] = sum(e.generation_s for e in episodes)
         judge_started = time.perf_counter()
-        if kind == "bird":
-            from birdtrain.rewards import score_submission
-
-            # BIRD's official rule (the gold on the prediction's state), as evaluators score.
-            verdicts = [
-                score_submission(by_id[e.task_id], e.pred_sqls, isolate_gold=False)
-                for e in episodes
-            ]
-        else:
-            verdicts = judge_many([(by_id[e.task_id], e.pred_sqls) for e in episodes])
+        # The official rules (for BIRD: the gold on the prediction's state), as evaluators score.
+        verdicts = kind.judge_many(
+            [(by_id[e.task_id], e.pred_sqls) for e in episodes], official=True
+        )
         for e, verdict in zip(episodes, verdicts, strict=True):
             e.verdict = verdict.to_dict()
         split["judge_s"] = time.perf_counter() - judge_started
@@ -475,7 +462,7 @@ def evaluate_policy(
                     {
                         "instance_id": e.task_id,
                         "sample": e.group,
-                        "category": task_category(by_id[e.task_id]),
+                        "category": by_id[e.task_id].category,
                         "status": "success" if e.passed else "failed",
                         "pred_sqls": e.pred_sqls,
                         "verdict": e.verdict,
@@ -484,19 +471,19 @@ def evaluate_policy(
                 )
                 + "\n"
             )
-    if kind == "bird":
+    if kind is BirdTask:
         official = {
-            e.task_id: f"{(e.pred_sqls or [''])[-1]}\t----- bird -----\t{by_id[e.task_id].db_id}"
+            e.task_id: f"{(e.pred_sqls or [''])[-1]}{BIRD_SEPARATOR}{by_id[e.task_id].db_id}"
             for e in episodes
             if e.group == 0
         }
         (out_dir / "predict.json").write_text(json.dumps(official, indent=2))
     summary = _summarize(episodes, by_id, n)
-    metric, task_word = _METRIC[kind]
-    summary.update(metric=metric, task=task_word, suite=suite)
-    if kind == "bird":
-        summary["execution_accuracy"] = summary["success_rate"]
-        summary["by_difficulty"] = summary["by_category"]
+    metric = kind.metric
+    summary.update(metric=metric, task=kind.skill, suite=suite)
+    # The figures under the kind's own names too (execution_accuracy, by_difficulty for BIRD).
+    summary[kind.metric_name] = summary["success_rate"]
+    summary[f"by_{kind.category_name}"] = summary["by_category"]
     summary.update(
         policy=policy,
         label=label,

@@ -4,7 +4,7 @@ A single-turn prompt is one user message: the database schema (the benchmark's r
 statements plus three rows per table), the user's issue, the problematic SQL, and the answer
 format; for a BIRD question (:class:`birdenv.bird.BirdTask`), the schema, the question, its
 external knowledge and the same answer format, the last statement of the solution being the
-answer. The answer is::
+answer. The task's own sections come from the task (:meth:`birdenv.tasks.BaseTask.prompt_sections`). The answer is::
 
     <thought>
     ...diagnosis...
@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import re
 
-from birdenv.bird import BirdTask
 from birdenv.schema import PromptOptions, task_schema
-from birdenv.tasks import Task
+from birdenv.tasks import BaseTask
 
 __all__ = ["ANSWER_INSTRUCTIONS", "format_answer", "parse_solution", "single_turn_prompt"]
 
@@ -36,29 +35,12 @@ __all__ = ["ANSWER_INSTRUCTIONS", "format_answer", "parse_solution", "single_tur
 ANSWER_INSTRUCTIONS = """# Answer format
 First reason about the problem inside <thought>...</thought>. Then give the corrected SQL inside <solution>...</solution>, with each statement in its own ```sql block; the statements run in order, one statement per block."""
 
-_PROMPT = """You are a SQL assistant. Your task is to understand the user's issue and fix their problematic SQL, given the database schema.
+_PROMPT = """You are a SQL assistant. Your task is to {goal}.
 
 # Database Schema:
 {schema}
 
-# User issue:
-{query}
-
-# Problematic SQL:
-{issue_sql}
-
-{instructions}"""
-
-_BIRD_PROMPT = """You are a SQL assistant. Your task is to answer the user's question with one SQLite query, given the database schema and the external knowledge.
-
-# Database Schema:
-{schema}
-
-# Question:
-{question}
-
-# External knowledge:
-{evidence}
+{sections}
 
 {instructions}"""
 
@@ -67,24 +49,17 @@ _SOLUTION = re.compile(r"<solution>(.*?)(?:</solution>|\Z)", re.DOTALL)
 _BLOCK = re.compile(r"```[ \t]*(?:sql|sqlite)?[ \t]*\n?(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
-def single_turn_prompt(task: Task | BirdTask, options: PromptOptions | None = None) -> str:
+def single_turn_prompt(task: BaseTask, options: PromptOptions | None = None) -> str:
     """The user message of a single-turn task: schema, issue, problematic SQL, answer format.
 
     For a BIRD question: schema, question, external knowledge ("(none)" when empty), answer format.
     ``options`` say how the schema reads (:class:`birdenv.schema.PromptOptions`; default: the
     benchmark's full form with three rows per table), as in the environments' prompts.
     """
-    if isinstance(task, BirdTask):
-        return _BIRD_PROMPT.format(
-            schema=task_schema(task, options),
-            question=task.question,
-            evidence=task.evidence or "(none)",
-            instructions=ANSWER_INSTRUCTIONS,
-        )
     return _PROMPT.format(
+        goal=task.goal,
         schema=task_schema(task, options),
-        query=task.query,
-        issue_sql="\n".join(f"```sql\n{sql}\n```" for sql in task.issue_sql),
+        sections=task.prompt_text(),
         instructions=ANSWER_INSTRUCTIONS,
     )
 

@@ -8,7 +8,7 @@ completion comes from the ``task_id`` column.
 - :func:`solution_reward`: 1.0 when the statements of the completion's ``<solution>`` (parsed by
   :func:`birdtrain.prompts.parse_solution`) are correct, else 0.0: for a debugging task the judge
   (:func:`birdenv.judge.judge`) decides, for a BIRD question execution accuracy
-  (:func:`birdenv.bird.execution_accuracy`) on the last statement, as ``BirdSQL-SQLite-v0`` does.
+  (:func:`birdenv.ex.execution_accuracy`) on the last statement, as ``BirdSQL-SQLite-v0`` does.
   One reward function serves a mixture of both kinds (:func:`score_submission`).
 - :func:`format_reward`: 1.0 for a well-formed ``<thought>…</thought><solution>…</solution>``
   answer, else 0.0.
@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from birdenv.bird import BIRD_SUITES, BirdTask, ExVerdict, execution_accuracy, load_bird
+from birdenv.bird import BIRD_SUITES, BirdTask
 from birdenv.tasks import Task, load_tasks
 
 __all__ = [
@@ -72,7 +72,7 @@ def _task(task_id: str, tasks: Mapping[str, Task | BirdTask] | None) -> Task | B
     if task_id not in _TASKS and not _bundled_loaded:
         _bundled_loaded = True
         for suite in _BUNDLED_SUITES:
-            for task in load_bird(suite) if suite in BIRD_SUITES else load_tasks(suite):
+            for task in load_tasks(suite):
                 _TASKS.setdefault(task.instance_id, task)
     if task_id not in _TASKS:
         raise KeyError(
@@ -98,35 +98,23 @@ def completion_text(completion: str | list[dict[str, Any]]) -> str:
 def score_submission(
     task: Task | BirdTask, sql_list: list[str], *, isolate_gold: bool = True
 ) -> Any:
-    """The verdict on a submission, by task kind: the judge's, or BIRD's execution accuracy.
+    """The verdict on a submission, by the task (:meth:`birdenv.tasks.BaseTask.judge`): the
+    judge's, or BIRD's execution accuracy.
 
     A BIRD question's answer is the last statement of ``sql_list`` (the rule of
     ``BirdSQL-SQLite-v0``); an empty list fails without running anything. ``isolate_gold=True``
     (rewards, the default) runs the gold on an untouched state, as the environment rewards;
-    ``False`` is BIRD's official rule, for evaluation (:func:`birdenv.bird.execution_accuracy`).
+    ``False`` is BIRD's official rule, for evaluation (:func:`birdenv.ex.execution_accuracy`).
     Both verdicts have ``passed``, ``status``, ``fraction`` and ``to_dict()``.
 
-    >>> from birdenv.bird import load_bird
-    >>> question = load_bird("bird-mini-eval")[0]
+    >>> from birdenv.tasks import load_tasks
+    >>> question = load_tasks("bird-mini-eval")[0]
     >>> score_submission(question, ["SELECT 1", question.SQL]).passed
     True
     >>> score_submission(question, []).status
     'failed'
     """
-    if isinstance(task, BirdTask):
-        if not sql_list:
-            return ExVerdict(
-                instance_id=task.instance_id,
-                correct=False,
-                phase="prediction",
-                error="sql_list is empty: submit one SELECT statement",
-            )
-        # The gold on an untouched state, as the environment rewards: under the official rule a
-        # prediction that writes (DELETE ...) can empty what the gold reads and score 1.
-        return execution_accuracy(task, sql_list[-1], isolate_gold=isolate_gold)
-    from birdenv.judge import judge
-
-    return judge(task, sql_list)
+    return task.judge(sql_list, official=not isolate_gold)
 
 
 def solution_reward(

@@ -14,14 +14,9 @@ from gymnasium.utils.env_checker import check_env
 
 import birdenv
 from birdenv import suites
-from birdenv.bird import (
-    BirdTask,
-    execution_accuracy,
-    execution_accuracy_many,
-    load_bird,
-    validate_bird,
-)
+from birdenv.bird import BirdTask, load_bird
 from birdenv.errors import DatabaseNotFoundError, TaskFormatError, UnknownSuiteError
+from birdenv.ex import execution_accuracy, execution_accuracy_many, validate_bird
 from birdenv.tools import format_tool_call
 from tests.conftest import build_shop
 
@@ -211,10 +206,10 @@ def test_load_official_jsonl_and_json_array(tmp_path: Path, shop_root: Path) -> 
             "note": "kept",
         }
     ]
-    from_jsonl = load_bird(write_jsonl(tmp_path / "q.jsonl", rows), db_root=shop_root)
+    from_jsonl = load_bird(write_jsonl(tmp_path / "q.jsonl", rows), db_dir=shop_root)
     array = tmp_path / "dev.json"
     array.write_text(json.dumps(rows, indent=2))
-    from_array = load_bird(array, db_root=shop_root)
+    from_array = load_bird(array, db_dir=shop_root)
     assert from_jsonl == from_array
     task = from_jsonl[0]
     assert (task.question_id, task.instance_id, task.difficulty) == (7, "7", "simple")
@@ -227,7 +222,7 @@ def test_db_path_prefers_the_official_bird_name(shop_root: Path) -> None:
     assert task.db_path.name == "shop_template.sqlite"
     shutil.copyfile(task.db_path, shop_root / "shop" / "shop.sqlite")
     assert task.db_path.name == "shop.sqlite"
-    with pytest.raises(DatabaseNotFoundError, match="db_root"):
+    with pytest.raises(DatabaseNotFoundError, match="db_dir"):
         _ = BirdTask(question_id=1, db_id="shop", question="?", SQL="SELECT 1").db_path
 
 
@@ -316,7 +311,7 @@ def hospital_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def env(hospital_file: Path) -> Iterator[gym.Env]:
-    env = gym.make("BirdSQL-SQLite-v0", tasks=hospital_file, db_root=suites.ensure().db_dir)
+    env = gym.make("BirdSQL-SQLite-v0", tasks=hospital_file, db_dir=suites.ensure().db_dir)
     yield env
     env.close()
 
@@ -388,7 +383,7 @@ def test_the_reward_resists_a_submission_that_empties_the_gold(
 ) -> None:
     # Question 2's gold lists the departments on floor 2. Under the official rule, deleting every
     # department returns no rows and leaves the gold (run after it, same state) empty too: 1.
-    task = load_bird(hospital_file, db_root=suites.ensure().db_dir)[1]
+    task = load_bird(hospital_file, db_dir=suites.ensure().db_dir)[1]
     assert execution_accuracy(task, "DELETE FROM departments").correct
     env.reset(options={"task_id": 2})
     _, reward, terminated, _, info = env.step(submit(["DELETE FROM departments"]))
@@ -409,14 +404,14 @@ def test_running_out_of_turns_truncates(env: gym.Env) -> None:
 
 def test_unknown_task_and_bad_arguments(hospital_file: Path) -> None:
     root = suites.ensure().db_dir
-    env = gym.make("BirdSQL-SQLite-v0", tasks=hospital_file, db_root=root)
+    env = gym.make("BirdSQL-SQLite-v0", tasks=hospital_file, db_dir=root)
     try:
         with pytest.raises(KeyError):
             env.reset(options={"task_id": 99})
     finally:
         env.close()
     with pytest.raises(ValueError, match="reward"):
-        gym.make("BirdSQL-SQLite-v0", tasks=hospital_file, db_root=root, reward="dense")
+        gym.make("BirdSQL-SQLite-v0", tasks=hospital_file, db_dir=root, reward="dense")
 
 
 def test_training_rewards_cannot_be_won_by_emptying_the_gold_table() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import birdenv
+from birdenv.errors import ArgumentError, TaskKindError
 from birdenv.judge import judge
 from birdenv.tools import format_tool_call
 
@@ -168,6 +170,43 @@ def test_close_twice_is_harmless_and_releases_the_session() -> None:
     env.close()
     assert pool.stats()["open_sessions"] == open_before - 1
     assert not session_path.exists()
+
+
+@pytest.mark.parametrize("env_id", birdenv.ENV_IDS)
+def test_max_turns_is_refused_with_the_name_gymnasium_uses(env_id: str) -> None:
+    with pytest.raises(ArgumentError, match=rf'gym.make\("{env_id}", max_episode_steps=10\)'):
+        gym.make(env_id, max_turns=10)
+    env = gym.make(env_id, max_episode_steps=2)
+    try:
+        env.reset(seed=0)
+        env.step(sql("SELECT 1"))
+        assert env.step(sql("SELECT 1"))[3] is True  # truncated after the second turn
+    finally:
+        env.close()
+
+
+def test_db_dir_names_the_database_folder_of_both_envs_and_db_root_still_works(
+    tmp_path: Path,
+) -> None:
+    critic, question = birdenv.load_tasks("critic-mini")[0], birdenv.load_tasks("bird-mini-eval")[0]
+    for env_id, task in (("BirdCritic-SQLite-v0", critic), ("BirdSQL-SQLite-v0", question)):
+        path = tmp_path / f"{task.kind}.jsonl"
+        path.write_text(json.dumps(task.to_dict()) + "\n", encoding="utf-8")
+        env = gym.make(env_id, tasks=path, db_dir=task.db_dir)
+        assert env.reset()[1]["task_id"] == task.instance_id
+        env.close()
+        with pytest.warns(DeprecationWarning, match=r"db_root= is deprecated, use db_dir="):
+            env = gym.make(env_id, tasks=path, db_root=task.db_dir)
+        assert env.reset()[1]["task_id"] == task.instance_id
+        env.close()
+
+
+def test_an_env_refuses_tasks_of_the_other_kind() -> None:
+    questions = birdenv.load_tasks("bird-mini-eval")[:2]
+    with pytest.raises(TaskKindError, match="use BirdSQL-SQLite-v0"):
+        gym.make("BirdCritic-SQLite-v0", tasks=questions)
+    with pytest.raises(TaskKindError, match="use BirdSQL-SQLite-v0"):
+        gym.make("BirdCritic-SQLite-v0", suite="bird-mini-eval")
 
 
 def test_make_by_module_path_in_a_fresh_process() -> None:

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from birdenv.bird import BirdTask
-from birdenv.tasks import Task
+from birdenv.tasks import Task, load_tasks
 from birdenv.tools import format_tool_call
-from birdenv.vector import MixedTaskEnv, load_source, make_vec, task_kind
+from birdenv.vector import MixedTaskEnv, make_vec
 from birdtrain.config import load_config
 from birdtrain.data import load_train_tasks
 from birdtrain.data.bird import bird_reference_turns, wrong_column_sql
@@ -44,9 +44,9 @@ def test_doctests_of_the_mixture_modules() -> None:
 
 
 def test_weighted_draw_has_exact_proportions_and_is_reproducible() -> None:
-    sources = {name: load_source(name) for name in MIX}
+    sources = {name: load_tasks(name) for name in MIX}
     draw = mix_tasks(sources, MIX, total=50, seed=3)
-    kinds = collections.Counter(task_kind(t) for t in draw)
+    kinds = collections.Counter(t.kind for t in draw)
     assert kinds == {"critic": 35, "bird": 15}
     assert [t.instance_id for t in draw] == [
         t.instance_id for t in mix_tasks(sources, MIX, total=50, seed=3)
@@ -54,7 +54,7 @@ def test_weighted_draw_has_exact_proportions_and_is_reproducible() -> None:
     other = mix_tasks(sources, MIX, total=50, seed=4)
     assert [t.instance_id for t in other] != [t.instance_id for t in draw]
     # Interleaved, not one block per source: BIRD questions are spread over the list.
-    positions = [i for i, t in enumerate(draw) if task_kind(t) == "bird"]
+    positions = [i for i, t in enumerate(draw) if isinstance(t, BirdTask)]
     assert positions[0] < 25 and positions[-1] >= 25
     # No repeats by default: as many as the scarcer share allows (155 / 0.7 = 221).
     full = mix_tasks(sources, MIX, seed=0)
@@ -102,11 +102,11 @@ def test_train_tasks_follow_the_mixture_and_the_seed() -> None:
     cfg = load_config("smoke", overrides=["data.max_train_tasks=10", "seed=5"])
     cfg.data.mixture = {"gym-mini": 1, "bird-mini-train": 1}
     tasks = load_train_tasks(cfg)
-    assert collections.Counter(task_kind(t) for t in tasks) == {"critic": 5, "bird": 5}
+    assert collections.Counter(t.kind for t in tasks) == {"critic": 5, "bird": 5}
     assert [t.instance_id for t in tasks] == [t.instance_id for t in load_train_tasks(cfg)]
     cfg.data.mixture = None
     assert [t.instance_id for t in load_train_tasks(cfg)] == [
-        t.instance_id for t in load_source("gym-mini")[:10]
+        t.instance_id for t in load_tasks("gym-mini")[:10]
     ]
     cfg.data.mixture = "auto"
     with pytest.raises(ValueError, match="estimate the weights first"):
@@ -138,8 +138,8 @@ def _step_both(envs, critic: Task, bird: BirdTask, actions: list[str]):
 
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_one_vector_env_steps_both_kinds(asynchronous: bool) -> None:
-    critic = [t for t in load_source("critic-mini") if t.db_id == "hospital_records"][:2]
-    bird = [t for t in load_source("bird-mini-eval") if t.db_id == "hospital_records"][:2]
+    critic = [t for t in load_tasks("critic-mini") if t.db_id == "hospital_records"][:2]
+    bird = [t for t in load_tasks("bird-mini-eval") if t.db_id == "hospital_records"][:2]
     with contextlib.closing(
         make_vec(2, tasks=critic + bird, asynchronous=asynchronous, max_episode_steps=4)
     ) as envs:
@@ -198,7 +198,7 @@ def test_make_vec_keeps_its_single_kind_behaviour(tmp_path: Path) -> None:
     # A BIRD file (the official JSONL form) gets BirdSQL copies, like a BIRD suite does.
     path = tmp_path / "questions.jsonl"
     path.write_text(
-        "".join(json.dumps(q.to_dict()) + "\n" for q in load_source("bird-mini-eval")[:3])
+        "".join(json.dumps(q.to_dict()) + "\n" for q in load_tasks("bird-mini-eval")[:3])
     )
     db_dir = str(suites.ensure().db_dir)
     with contextlib.closing(
@@ -224,8 +224,8 @@ def test_solution_reward_scores_each_kind_its_own_way() -> None:
     from birdtrain.prompts import format_answer
     from birdtrain.rewards import solution_reward
 
-    critic = load_source("gym-mini")[0]
-    bird = load_source("bird-mini-train")[0]
+    critic = load_tasks("gym-mini")[0]
+    bird = load_tasks("bird-mini-train")[0]
     completions = [
         format_answer("fixed", list(critic.sol_sql)),
         format_answer("found", [bird.SQL]),
@@ -241,7 +241,7 @@ def test_solution_reward_scores_each_kind_its_own_way() -> None:
 def test_bird_reference_plans_and_synth_of_a_mixture(tmp_path: Path) -> None:
     from birdtrain.data import synth
 
-    bird = load_source("bird-mini-train")[0]
+    bird = load_tasks("bird-mini-train")[0]
     assert bird_reference_turns("oracle", bird)[-1] == _submit([bird.SQL])
     with pytest.raises(ValueError, match="no fixed plan"):
         bird_reference_turns("scripted", bird)
@@ -251,7 +251,7 @@ def test_bird_reference_plans_and_synth_of_a_mixture(tmp_path: Path) -> None:
     assert (counts["critic_tasks"], counts["bird_tasks"]) == (4, 2)
     stage1 = [json.loads(x) for x in (tmp_path / "stage1.jsonl").read_text().splitlines()]
     stage2 = [json.loads(x) for x in (tmp_path / "stage2.jsonl").read_text().splitlines()]
-    bird_ids = {t.instance_id for t in load_source("bird-mini-train")}
+    bird_ids = {t.instance_id for t in load_tasks("bird-mini-train")}
     for rows in (stage1, stage2):
         assert sum(r["task_id"] in bird_ids for r in rows) == 2 and len(rows) == 6
     bird1 = next(r for r in stage1 if r["task_id"] in bird_ids)
@@ -288,7 +288,7 @@ _FAST = [
 def _check_mixed_run(run: Path, eval_tasks: int, labels: tuple[str, ...]) -> None:
     from birdtrain.cli import main
 
-    bird_ids = {t.instance_id for t in load_source("bird-mini-train")}
+    bird_ids = {t.instance_id for t in load_tasks("bird-mini-train")}
     for stage in ("stage1", "stage2", "stage3", "stage4"):
         assert (run / stage / "DONE").is_file(), stage
     data = json.loads((run / "data" / "DONE").read_text())

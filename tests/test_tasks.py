@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
 import pytest
 
+import birdenv
 from birdenv import load_tasks
+from birdenv.bird import BirdTask
 from birdenv.errors import DatabaseNotFoundError, TaskFormatError, UnknownSuiteError
-from birdenv.tasks import iter_tasks, parse_task
+from birdenv.tasks import CATEGORIES, Task, iter_tasks, parse_task, source_kind
 
 
 def write(path: Path, rows: list) -> Path:
@@ -87,3 +90,71 @@ def test_a_json_array_file_reads_like_jsonl(tmp_path: Path) -> None:
     path = tmp_path / "tasks.json"
     path.write_text(json.dumps(rows, indent=2), encoding="utf-8")
     assert [t.instance_id for t in iter_tasks(path)] == ["a", "b"]
+
+
+# -- the task protocol, both kinds ------------------------------------------------------------------
+def test_both_kinds_load_by_name_and_from_files(tmp_path: Path) -> None:
+    critic, bird = load_tasks("critic-mini")[:3], load_tasks("bird-mini-eval")[:3]
+    assert {type(t) for t in critic} == {Task} and {type(t) for t in bird} == {BirdTask}
+    # A file's kind is read from its rows: JSONL debugging tasks, a JSON array of BIRD questions.
+    critic_file = write(tmp_path / "critic.jsonl", [t.to_dict() for t in critic])
+    bird_file = tmp_path / "dev.json"
+    bird_file.write_text(json.dumps([q.to_dict() for q in bird], indent=2), encoding="utf-8")
+    assert (source_kind(critic_file), source_kind(bird_file)) == (Task, BirdTask)
+    assert load_tasks(critic_file, db_dir=critic[0].db_dir) == critic
+    assert load_tasks(bird_file, db_dir=bird[0].db_dir) == bird
+    assert load_tasks(bird_file, db_dir=bird[0].db_dir)[0].db_path == bird[0].db_path
+
+
+def test_the_protocol_describes_each_kind() -> None:
+    task, question = load_tasks("critic-mini")[0], load_tasks("bird-mini-eval")[0]
+    assert (task.kind, task.env_id, task.metric) == ("critic", "BirdCritic-SQLite-v0", "SR")
+    assert (question.kind, question.env_id, question.metric) == ("bird", "BirdSQL-SQLite-v0", "EX")
+    assert task.category in CATEGORIES and question.category == question.difficulty
+    assert question.preprocess_sql == [] and task.db_path.is_file() and question.db_path.is_file()
+    assert [h for h, _ in task.prompt_sections()] == ["User issue", "Problematic SQL"]
+    assert [h for h, _ in question.prompt_sections()] == ["Question", "External knowledge"]
+    assert task.issue_sql[0] in task.prompt_text() and question.question in question.prompt_text()
+
+
+def test_the_protocol_judges_each_kind_by_its_own_rule() -> None:
+    task, question = load_tasks("critic-mini")[0], load_tasks("bird-mini-eval")[0]
+    assert task.judge(task.sol_sql).passed and not task.judge(task.issue_sql).passed
+    # BIRD: the last statement is the answer; nothing submitted fails without running anything.
+    assert question.judge(["SELECT nope", question.SQL]).passed
+    assert not question.judge([question.SQL, "SELECT 'no'"]).passed
+    empty = question.judge([])
+    assert (empty.passed, empty.phase) == (False, "prediction") and "empty" in empty.error
+    # Many at once, in order, each kind's way.
+    assert [v.passed for v in Task.judge_many([(task, task.sol_sql), (task, [])])] == [True, False]
+    pairs = [(question, []), (question, [question.SQL])]
+    assert [v.passed for v in BirdTask.judge_many(pairs, official=True)] == [False, True]
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(
+        b'{"instance_id": "a", "db_id": "x"}\n{"instance_id": "b", "query": "caf\xe9"}\n'
+    )
+    with pytest.raises(TaskFormatError, match=r"latin1\.jsonl:2: not UTF-8 text \(byte 0xe9"):
+        load_tasks(path)
+
+
+def test_a_utf8_byte_order_mark_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"instance_id": "a", "db_id": "x"}\n')
+    assert [t.instance_id for t in load_tasks(path)] == ["a"]
+
+
+def test_the_replica_layer_knows_no_task_and_no_suite() -> None:
+    # DESIGN's layers: replicas know database files and content hashes only.
+    replicas = Path(birdenv.__file__).parent / "replicas"
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for path in replicas.glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    above = {"birdenv.tasks", "birdenv.bird", "birdenv.suites", "birdenv.judge", "birdenv.envs"}
+    assert {m for m in imported if m and ".".join(m.split(".")[:2]) in above} == set()

@@ -1,21 +1,28 @@
 """The core both environments share: a task set, one session per episode, the tool protocol.
 
-A subclass says what its tasks are, how a task's prompt reads, how its session is leased and how a
-submission is judged; everything else (spaces, the pool, ``reset``/``step`` bookkeeping, error
+A subclass names the kind of task it plays (:class:`birdenv.tasks.BaseTask`), its default suite
+and its manual; the task itself says how its prompt reads and how a submission is judged, so
+everything else (loading, spaces, the pool, the prompt, ``reset``/``step`` bookkeeping, error
 observations, ``render``, ``close``) lives here once.
 """
 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any, ClassVar
 
 import gymnasium as gym
 from gymnasium import spaces
 
+from birdenv.compat import db_dir_argument
+from birdenv.errors import ArgumentError, TaskKindError
 from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.replicas.session import Limits, Session
+from birdenv.schema import PromptOptions, task_schema
+from birdenv.tasks import BaseTask, load_tasks
 from birdenv.tools import (
+    TOOL_INSTRUCTIONS,
     TOOL_SCHEMAS,
     ToolCallError,
     format_observation,
@@ -23,7 +30,15 @@ from birdenv.tools import (
     parse_tool_call,
 )
 
-__all__ = ["CHARSET", "MAX_TEXT", "REWARDS", "ToolEnv", "UnicodeText", "in_charset"]
+__all__ = [
+    "CHARSET",
+    "MAX_TEXT",
+    "REWARDS",
+    "ToolEnv",
+    "UnicodeText",
+    "in_charset",
+    "render_prompt",
+]
 
 #: Characters a text observation or action may hold: the Basic Multilingual Plane without
 #: surrogates. Anything else (emoji, other planes) is replaced by U+FFFD in observations.
@@ -62,17 +77,49 @@ def in_charset(text: str) -> str:
     return "".join(c if c in CHARSET else "\ufffd" for c in text) if not text.isascii() else text
 
 
+_PROMPT = """You are a SQL assistant. Your task is to {goal}. You can explore the database before you answer.
+
+# Database Schema:
+{schema}
+
+{sections}
+
+{tools}"""
+
+
+def render_prompt(task: BaseTask, options: PromptOptions | None = None) -> str:
+    """The user prompt of a task of either kind: the schema (under ``options``), the task's own
+    sections (:meth:`~birdenv.tasks.BaseTask.prompt_sections`), the tool instructions and the
+    kind's submission rule, if it has one."""
+    prompt = _PROMPT.format(
+        goal=task.goal,
+        schema=task_schema(task, options),
+        sections=task.prompt_text(),
+        tools=TOOL_INSTRUCTIONS,
+    )
+    return f"{prompt}\n{task.submission_rule}" if task.submission_rule else prompt
+
+
 class ToolEnv(gym.Env[str, str]):
     """An episode = a task, a fresh session on its database, turns of ``execute_sql`` and a
-    ``submit_solution`` judged on fresh states. Subclasses implement :meth:`prompt`,
-    :meth:`category` and :meth:`judge_submission`, and may override :meth:`lease`."""
+    ``submit_solution`` judged on fresh states by the task (:meth:`~birdenv.tasks.BaseTask.judge`).
+
+    A subclass sets :attr:`task_type` (the kind it plays) and :attr:`default_suite`; the
+    constructor's arguments are described in the subclasses' manuals.
+    """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
+    #: The kind of task this environment plays.
+    task_type: ClassVar[type[BaseTask]]
+    #: The bundled suite drawn from when neither ``suite`` nor ``tasks`` is given.
+    default_suite: ClassVar[str]
 
     def __init__(
         self,
-        tasks: list[Any],
+        suite: str | None = None,
         *,
+        tasks: str | Path | list[Any] | None = None,
+        db_dir: str | Path | None = None,
         reward: str = "binary",
         pool: ReplicaPool | None = None,
         pool_options: dict[str, Any] | None = None,
@@ -80,11 +127,36 @@ class ToolEnv(gym.Env[str, str]):
         max_rows: int = 10_000,
         max_result_bytes: int = 4 << 20,
         render_mode: str | None = None,
+        prompt_options: PromptOptions | dict[str, Any] | None = None,
+        db_root: str | Path | None = None,
+        max_turns: int | None = None,
     ) -> None:
+        name = type(self).__name__
+        if max_turns is not None:
+            raise ArgumentError(
+                f"{name} takes no max_turns: a turn is a step, and the number of steps is "
+                f'Gymnasium\'s max_episode_steps: gym.make("{self.task_type.env_id}", '
+                f"max_episode_steps={max_turns})"
+            )
+        if suite is not None and tasks is not None:
+            raise ArgumentError(f"{name}: give either suite= or tasks= (with db_dir=), not both")
+        db_dir = db_dir_argument(db_dir, db_root, name)
         if reward not in REWARDS:
             raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
+        self.prompt_options = PromptOptions.of(prompt_options)
+        if not isinstance(tasks, list):
+            tasks = load_tasks(
+                tasks if tasks is not None else (suite or self.default_suite), db_dir=db_dir
+            )
         if not tasks:
             raise ValueError("the task set is empty")
+        wrong = next((t for t in tasks if not isinstance(t, self.task_type)), None)
+        if wrong is not None:
+            raise TaskKindError(
+                f"{name} plays {self.task_type.__name__} tasks, but {wrong.instance_id!r} is a "
+                f"{type(wrong).__name__}: use {getattr(wrong, 'env_id', 'another environment')} "
+                "(or birdenv.vector.MixedTaskEnv for both kinds)"
+            )
         self.tasks = list(tasks)
         self._by_id = {str(t.instance_id): t for t in self.tasks}
         self.reward_mode = reward
@@ -104,25 +176,12 @@ class ToolEnv(gym.Env[str, str]):
         self.messages: list[dict[str, str]] = []
         self.verdict: Any = None
 
-    # -- what a subclass decides ---------------------------------------------------------------
-    def prompt(self, task: Any) -> str:
-        """The user prompt of ``task``."""
-        raise NotImplementedError
-
-    def category(self, task: Any) -> str:
-        """What ``info["category"]`` says of ``task``."""
-        raise NotImplementedError
-
     def judge_submission(self, sql_list: list[str]) -> tuple[Any, float]:
-        """Judge a submission on fresh states: ``(verdict, reward)``; the verdict has ``to_dict()``."""
-        raise NotImplementedError
-
-    def lease(self, task: Any) -> Session:
-        """A fresh session on ``task``'s database for this trajectory alone."""
-        base = self.pool.store.base_for(task.db_path)
-        return self.pool.open_base(
-            base, task_id=str(task.instance_id), limits=self.limits, exclusive=True
+        """The task's verdict on a submission, under the env's statement deadline, and its reward."""
+        verdict = self.task.judge(
+            sql_list, pool=self.pool, statement_timeout=self.limits.statement_timeout
         )
+        return verdict, float(verdict.passed) if self.reward_mode == "binary" else verdict.fraction
 
     # -- the shared core ----------------------------------------------------------------------
     @property
@@ -139,7 +198,7 @@ class ToolEnv(gym.Env[str, str]):
         return {
             "task_id": str(self.task.instance_id),
             "db_id": self.task.db_id,
-            "category": self.category(self.task),
+            "category": self.task.category,
             "messages": [dict(m) for m in self.messages],
             "tools": TOOL_SCHEMAS,
         }
@@ -157,9 +216,10 @@ class ToolEnv(gym.Env[str, str]):
             self.task = self._by_id[str(task_id)]
         else:
             self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        self.session = self.lease(self.task)
+        # A fresh state with the task's preprocess_sql applied, for this trajectory alone.
+        self.session = self.pool.session(self.task, limits=self.limits, exclusive=True)
         self.verdict = None
-        prompt = in_charset(self.prompt(self.task))
+        prompt = in_charset(render_prompt(self.task, self.prompt_options))
         self.messages = [{"role": "user", "content": prompt}]
         return prompt, self._info()
 

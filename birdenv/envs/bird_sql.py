@@ -2,41 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
-from birdenv.bird import BirdTask, ExVerdict, execution_accuracy, load_bird
-from birdenv.envs.base import ToolEnv
-from birdenv.replicas.pool import ReplicaPool
-from birdenv.schema import PromptOptions, task_schema
-from birdenv.tools import TOOL_INSTRUCTIONS
+from birdenv.bird import BirdTask
+from birdenv.envs.base import ToolEnv, render_prompt
 
 __all__ = ["BirdSQLEnv", "render_prompt"]
-
-_PROMPT = """You are a SQL assistant. Your task is to answer the user's question with one SQLite query, given the database schema and the external knowledge. You can explore the database before you answer.
-
-# Database Schema:
-{schema}
-
-# Question:
-{question}
-
-# External knowledge:
-{evidence}
-
-{tools}
-Submit exactly one SELECT statement as the only element of sql_list; it is judged by running it on a fresh copy of the database and comparing its rows with the correct answer's (order and duplicates ignored)."""
-
-
-def render_prompt(task: BirdTask, options: PromptOptions | None = None) -> str:
-    """The user prompt of a BIRD question: schema (under ``options``), question, evidence and the
-    tool instructions."""
-    return _PROMPT.format(
-        schema=task_schema(task, options),
-        question=task.question,
-        evidence=task.evidence or "(none)",
-        tools=TOOL_INSTRUCTIONS,
-    )
 
 
 class BirdSQLEnv(ToolEnv):
@@ -45,7 +16,7 @@ class BirdSQLEnv(ToolEnv):
     Text-to-SQL in the style of BIRD: the agent gets a database schema, a question in natural
     language and its external knowledge ("evidence"), explores the SQLite database with
     ``execute_sql`` over several turns and ends with ``submit_solution``. The reward is BIRD's
-    execution accuracy (:func:`birdenv.bird.execution_accuracy`): the submitted query and the gold
+    execution accuracy (:func:`birdenv.ex.execution_accuracy`): the submitted query and the gold
     query run on the same fresh state and their rows are compared as sets. Every episode owns one
     persistent database session, isolated from every other episode; nothing it writes reaches the
     state the submission is judged on.
@@ -96,7 +67,8 @@ class BirdSQLEnv(ToolEnv):
     ## Arguments
     - ``suite``: a bundled suite name (default ``"bird-mini-eval"``; also ``"bird-mini-train"``), or
     - ``tasks`` (a BIRD JSONL/JSON path or a list of :class:`~birdenv.bird.BirdTask`) with
-      ``db_root`` (the folder holding ``{db_id}/{db_id}.sqlite``);
+      ``db_dir``, the folder holding ``{db_id}/{db_id}.sqlite`` (BIRD's official layout) or
+      ``{db_id}/{db_id}_template.sqlite``; ``db_root``, its old name, still works and warns;
     - ``reward``: ``"binary"`` or ``"fraction"`` (equal here);
     - ``pool`` / ``pool_options``, ``statement_timeout``, ``max_rows``, ``max_result_bytes``: as in
       ``BirdCritic-SQLite-v0``;
@@ -104,68 +76,13 @@ class BirdSQLEnv(ToolEnv):
       whose names or columns' names the question or its evidence mention, and their foreign-key
       neighbours.
 
+    The number of turns is Gymnasium's ``max_episode_steps``
+    (``gym.make("BirdSQL-SQLite-v0", max_episode_steps=10)``); ``max_turns=`` is refused with a
+    message that says so.
+
     ## Version History
     - v0: initial release.
     """
 
-    def __init__(
-        self,
-        suite: str | None = None,
-        *,
-        tasks: str | Path | list[BirdTask] | None = None,
-        db_root: str | Path | None = None,
-        reward: str = "binary",
-        pool: ReplicaPool | None = None,
-        pool_options: dict[str, Any] | None = None,
-        statement_timeout: float = 30.0,
-        max_rows: int = 10_000,
-        max_result_bytes: int = 4 << 20,
-        render_mode: str | None = None,
-        prompt_options: PromptOptions | dict[str, Any] | None = None,
-    ) -> None:
-        if suite is not None and tasks is not None:
-            raise ValueError("give either suite= or tasks= (with db_root=), not both")
-        self.prompt_options = PromptOptions.of(prompt_options)
-        if not isinstance(tasks, list):
-            tasks = load_bird(
-                tasks if tasks is not None else (suite or "bird-mini-eval"), db_root=db_root
-            )
-        super().__init__(
-            tasks,
-            reward=reward,
-            pool=pool,
-            pool_options=pool_options,
-            statement_timeout=statement_timeout,
-            max_rows=max_rows,
-            max_result_bytes=max_result_bytes,
-            render_mode=render_mode,
-        )
-        self.task: BirdTask | None = None
-        self.verdict: ExVerdict | None = None
-
-    def prompt(self, task: BirdTask) -> str:
-        """The question's prompt: :func:`render_prompt` under the env's prompt options."""
-        return render_prompt(task, self.prompt_options)
-
-    def category(self, task: BirdTask) -> str:
-        """The question's difficulty: simple, moderate or challenging."""
-        return task.difficulty
-
-    def judge_submission(self, sql_list: list[str]) -> tuple[ExVerdict, float]:
-        """Execution accuracy of the last statement (the answer), the gold on a pristine state."""
-        if not sql_list:
-            verdict = ExVerdict(
-                instance_id=self.task.instance_id,
-                correct=False,
-                phase="prediction",
-                error="sql_list is empty: submit one SELECT statement",
-            )
-        else:
-            verdict = execution_accuracy(
-                self.task,
-                sql_list[-1],
-                pool=self.pool,
-                statement_timeout=self.limits.statement_timeout,
-                isolate_gold=True,  # a submission that writes must not change the gold's result
-            )
-        return verdict, verdict.fraction
+    task_type: ClassVar[type[BirdTask]] = BirdTask
+    default_suite: ClassVar[str] = "bird-mini-eval"

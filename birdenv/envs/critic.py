@@ -2,43 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
-from birdenv.envs.base import CHARSET, MAX_TEXT, ToolEnv, UnicodeText
-from birdenv.judge import Verdict, judge
-from birdenv.replicas.pool import ReplicaPool
-from birdenv.replicas.session import Session
-from birdenv.schema import PromptOptions, task_schema
-from birdenv.tasks import Task, load_tasks
-from birdenv.tools import TOOL_INSTRUCTIONS
+from birdenv.envs.base import CHARSET, MAX_TEXT, ToolEnv, UnicodeText, render_prompt
+from birdenv.tasks import Task
 
 __all__ = ["CHARSET", "MAX_TEXT", "BirdCriticEnv", "UnicodeText", "render_prompt"]
-
-
-_PROMPT = """You are a SQL assistant. Your task is to understand the user's issue and fix their problematic SQL, given the database schema. You can explore the database before you answer.
-
-# Database Schema:
-{schema}
-
-# User issue:
-{query}
-
-# Problematic SQL:
-{issue_sql}
-
-{tools}"""
-
-
-def render_prompt(task: Task, options: PromptOptions | None = None) -> str:
-    """The user prompt of a task: schema (under ``options``), issue, problematic SQL and the tool
-    instructions."""
-    return _PROMPT.format(
-        schema=task_schema(task, options),
-        query=task.query,
-        issue_sql="\n".join(f"```sql\n{sql}\n```" for sql in task.issue_sql),
-        tools=TOOL_INSTRUCTIONS,
-    )
 
 
 class BirdCriticEnv(ToolEnv):
@@ -86,7 +55,8 @@ class BirdCriticEnv(ToolEnv):
 
     ## Arguments
     - ``suite``: a bundled suite name (default ``"critic-mini"``), or
-    - ``tasks`` (a JSONL path or a list of :class:`~birdenv.tasks.Task`) with ``db_dir``;
+    - ``tasks`` (a JSONL path or a list of :class:`~birdenv.tasks.Task`) with ``db_dir``, the
+      folder holding ``{db_id}/{db_id}_template.sqlite``;
     - ``reward``: ``"binary"`` or ``"fraction"``;
     - ``pool``: a :class:`~birdenv.replicas.ReplicaPool` to share (default: the process's pool),
       or ``pool_options`` to build one;
@@ -96,60 +66,13 @@ class BirdCriticEnv(ToolEnv):
       (default, every table) or ``"linked"`` (the tables the issue SQL names and their
       foreign-key neighbours), ``sample_rows=True`` (default) or ``False``.
 
+    The number of turns is Gymnasium's ``max_episode_steps``
+    (``gym.make("BirdCritic-SQLite-v0", max_episode_steps=10)``); ``max_turns=`` is refused with a
+    message that says so.
+
     ## Version History
     - v0: initial release.
     """
 
-    def __init__(
-        self,
-        suite: str | None = None,
-        *,
-        tasks: str | Path | list[Task] | None = None,
-        db_dir: str | Path | None = None,
-        reward: str = "binary",
-        pool: ReplicaPool | None = None,
-        pool_options: dict[str, Any] | None = None,
-        statement_timeout: float = 30.0,
-        max_rows: int = 10_000,
-        max_result_bytes: int = 4 << 20,
-        render_mode: str | None = None,
-        prompt_options: PromptOptions | dict[str, Any] | None = None,
-    ) -> None:
-        if suite is not None and tasks is not None:
-            raise ValueError("give either suite= or tasks= (with db_dir=), not both")
-        self.prompt_options = PromptOptions.of(prompt_options)
-        if not isinstance(tasks, list):
-            tasks = load_tasks(
-                tasks if tasks is not None else (suite or "critic-mini"), db_dir=db_dir
-            )
-        super().__init__(
-            tasks,
-            reward=reward,
-            pool=pool,
-            pool_options=pool_options,
-            statement_timeout=statement_timeout,
-            max_rows=max_rows,
-            max_result_bytes=max_result_bytes,
-            render_mode=render_mode,
-        )
-        self.task: Task | None = None
-        self.verdict: Verdict | None = None
-
-    def prompt(self, task: Task) -> str:
-        """The task's prompt: :func:`render_prompt` under the env's prompt options."""
-        return render_prompt(task, self.prompt_options)
-
-    def category(self, task: Task) -> str:
-        """Query, Management or Personalization."""
-        return task.category
-
-    def lease(self, task: Task) -> Session:
-        """A fresh session with ``preprocess_sql`` applied, for this trajectory alone."""
-        return self.pool.session(task, limits=self.limits, exclusive=True)
-
-    def judge_submission(self, sql_list: list[str]) -> tuple[Verdict, float]:
-        """The official verdict, under the env's statement deadline."""
-        verdict = judge(
-            self.task, sql_list, pool=self.pool, statement_timeout=self.limits.statement_timeout
-        )
-        return verdict, float(verdict.passed) if self.reward_mode == "binary" else verdict.fraction
+    task_type: ClassVar[type[Task]] = Task
+    default_suite: ClassVar[str] = "critic-mini"

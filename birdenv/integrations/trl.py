@@ -91,7 +91,7 @@ class BirdSQLTRLEnv(BirdCriticTRLEnv):
     """:class:`BirdCriticTRLEnv` for text-to-SQL questions: the reward is execution accuracy.
 
     Keyword arguments are those of :class:`~birdenv.envs.bird_sql.BirdSQLEnv` (``suite``, default
-    ``"bird-mini-eval"``; or ``tasks`` with ``db_root``; ``pool``, ...).
+    ``"bird-mini-eval"``; or ``tasks`` with ``db_dir``; ``pool``, ...).
     """
 
     @staticmethod
@@ -103,13 +103,13 @@ class BirdSQLTRLEnv(BirdCriticTRLEnv):
 
 def _tasks(source: str | Path | Sequence[Any], db_dir: str | Path | None) -> list[Any]:
     """The tasks of a suite name or file, of a list of tasks, or of a list of names and files."""
-    from birdenv.vector import load_source
+    from birdenv.tasks import load_tasks
 
     items = [source] if isinstance(source, (str, Path)) else source
     return [
         task
         for item in items
-        for task in (load_source(item, db_dir=db_dir) if isinstance(item, (str, Path)) else [item])
+        for task in (load_tasks(item, db_dir=db_dir) if isinstance(item, (str, Path)) else [item])
     ]
 
 
@@ -129,8 +129,6 @@ def suite_dataset(
     """
     from datasets import Dataset
 
-    from birdenv.vector import task_kind
-
     tasks = _tasks(source, db_dir)
     return Dataset.from_list(
         [
@@ -138,8 +136,8 @@ def suite_dataset(
                 "prompt": [{"role": "user", "content": ""}],
                 "task_id": task.instance_id,
                 "db_id": task.db_id,
-                "category": task.difficulty if task_kind(task) == "bird" else task.category,
-                "environment": task_kind(task),
+                "category": task.category,
+                "environment": task.kind,
             }
             for task in tasks
         ]
@@ -161,7 +159,10 @@ def environment_factories(
     rollout's environment; ``env_kwargs`` (``reward``, ``pool``, ``statement_timeout`` ...) go to
     both.
     """
+    from birdenv.bird import BirdTask
+    from birdenv.tasks import Task
+
     return {
-        "critic": functools.partial(BirdCriticTRLEnv, tasks=_tasks(critic, db_dir), **env_kwargs),
-        "bird": functools.partial(BirdSQLTRLEnv, tasks=_tasks(bird, db_dir), **env_kwargs),
+        Task.kind: functools.partial(BirdCriticTRLEnv, tasks=_tasks(critic, db_dir), **env_kwargs),
+        BirdTask.kind: functools.partial(BirdSQLTRLEnv, tasks=_tasks(bird, db_dir), **env_kwargs),
     }

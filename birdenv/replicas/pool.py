@@ -36,20 +36,22 @@ import stat
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from birdenv.errors import PoolClosedError, PoolTimeoutError, PreprocessError
+from birdenv.files import home
 from birdenv.replicas import descriptors, overlay
 from birdenv.replicas.session import Limits, Session, run_statement
 from birdenv.replicas.store import Base, BaseStore
-from birdenv.tasks import Task
 
 __all__ = [
     "MEMORY_FILESYSTEM",
     "MEMORY_HEADROOM",
     "STRATEGIES",
     "ReplicaPool",
+    "StartingState",
     "default_pool",
     "default_root",
     "default_sessions_dir",
@@ -72,10 +74,22 @@ _MEMORY_TYPES = frozenset({"tmpfs", "ramfs"})
 _ROOM_TTL = 0.25
 
 
+class StartingState(Protocol):
+    """What :meth:`ReplicaPool.session` reads of a task (any kind): its database file, its id
+    (for messages) and the statements that prepare the state an episode starts from."""
+
+    @property
+    def instance_id(self) -> str: ...
+
+    @property
+    def db_path(self) -> Path: ...
+
+    @property
+    def preprocess_sql(self) -> Sequence[str]: ...
+
+
 def default_root() -> Path:
     """``$BIRDENV_HOME/replicas`` (the suite cache's home)."""
-    from birdenv.suites import home
-
     return home() / "replicas"
 
 
@@ -284,7 +298,7 @@ class ReplicaPool:
     # -- leasing -------------------------------------------------------------------------
     def session(
         self,
-        task: Task,
+        task: StartingState,
         *,
         preprocess: bool = True,
         limits: Limits | None = None,

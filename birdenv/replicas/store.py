@@ -23,7 +23,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from birdenv.errors import DatabaseNotFoundError
-from birdenv.suites import file_sha256
+from birdenv.files import file_sha256
 
 __all__ = ["Base", "BaseStore"]
 

@@ -29,6 +29,7 @@ from types import ModuleType
 from filelock import FileLock
 
 from birdenv.errors import SuiteBuildError, UnknownSuiteError
+from birdenv.files import file_sha256, home
 
 __all__ = [
     "SUITES",
@@ -61,14 +62,6 @@ class Suite:
     db_dir: Path
 
 
-def home() -> Path:
-    """The cache directory: ``$BIRDENV_HOME``, else ``$XDG_CACHE_HOME/birdenv``, else ``~/.cache/birdenv``."""
-    if os.environ.get("BIRDENV_HOME"):
-        return Path(os.environ["BIRDENV_HOME"]).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "birdenv"
-
-
 def names() -> list[str]:
     """Names of the bundled suites."""
     return list(SUITES)
@@ -90,15 +83,6 @@ def database_modules() -> dict[str, ModuleType]:
         module = importlib.import_module(f"{databases.__name__}.{info.name}")
         modules[module.DB_ID] = module
     return dict(sorted(modules.items()))
-
-
-def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _root() -> Path:

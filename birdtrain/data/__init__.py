@@ -40,7 +40,7 @@ def load_train_tasks(cfg: Any) -> list:
     ``max_train_tasks``. ``mixture: auto`` must be resolved first
     (:func:`birdtrain.data.mixture.resolve_mixture`).
     """
-    from birdenv.vector import load_source
+    from birdenv.tasks import load_tasks
     from birdtrain.data.mixture import load_sources, mix_tasks
 
     mixture = cfg.data.mixture
@@ -52,7 +52,7 @@ def load_train_tasks(cfg: Any) -> list:
     if mixture:
         sources = load_sources(list(mixture), cfg.data.db_dir)
         return mix_tasks(sources, mixture, total=cfg.data.max_train_tasks, seed=cfg.seed)
-    tasks = load_source(cfg.data.train_suite, db_dir=cfg.data.db_dir)
+    tasks = load_tasks(cfg.data.train_suite, db_dir=cfg.data.db_dir)
     if cfg.data.max_train_tasks is not None:
         tasks = tasks[: cfg.data.max_train_tasks]
     return tasks
@@ -96,7 +96,8 @@ def synth(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
     the policy has in stage 4. Returns the counts (tasks, examples kept, what was dropped and why)
     and the two paths.
     """
-    from birdenv.vector import task_kind
+    from birdenv.bird import BirdTask
+    from birdenv.tasks import Task
     from birdtrain.data.bird import build_bird_reasoning_examples, build_bird_tool_trajectories
 
     out_dir = Path(out_dir)
@@ -104,8 +105,8 @@ def synth(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
     teacher = make_teacher(cfg)
     # A mixture may draw a task twice: build each task's examples once, then follow the draw.
     unique = list({t.instance_id: t for t in tasks}.values())
-    critic = [t for t in unique if task_kind(t) == "critic"]
-    bird = [t for t in unique if task_kind(t) == "bird"]
+    critic = [t for t in unique if isinstance(t, Task)]
+    bird = [t for t in unique if isinstance(t, BirdTask)]
     stage1_stats: dict[str, int] = {}
     stage2_stats: dict[str, int] = {}
     prompt = cfg.prompt.options()

@@ -1,6 +1,6 @@
 """Mixtures of task sources: debugging tasks and BIRD questions in one curriculum, by weight.
 
-A mixture maps task sources (bundled suite names or files, see :func:`birdenv.vector.load_source`)
+A mixture maps task sources (bundled suite names or files, see :func:`birdenv.tasks.load_tasks`)
 to weights, e.g. ``{"gym-mini": 0.7, "bird-mini-train": 0.3}``. Every stage draws from it:
 stages 1-2 synthesize their examples for the mixed task list, stage 3 takes its prompts from it
 (rewards by task kind: the judge or execution accuracy), stage 4 rolls it out in one vector env
@@ -189,13 +189,13 @@ def mix_tasks(
 
 
 def load_sources(names: Sequence[str], db_dir: str | None = None) -> dict[str, list[Any]]:
-    """The tasks of each named source (:func:`birdenv.vector.load_source`); ids must not collide."""
-    from birdenv.vector import load_source
+    """The tasks of each named source (:func:`birdenv.tasks.load_tasks`); ids must not collide."""
+    from birdenv.tasks import load_tasks
 
     sources: dict[str, list[Any]] = {}
     owner: dict[str, str] = {}
     for name in names:
-        tasks = load_source(name, db_dir=db_dir)
+        tasks = load_tasks(name, db_dir=db_dir)
         if not tasks:
             raise ValueError(f"task source {name!r} holds no tasks")
         for task in tasks:
@@ -286,13 +286,14 @@ def heldout_loss(
 
 def _stage1_examples(tasks: Sequence[Any], cfg: Any) -> dict[str, dict[str, Any]]:
     """Stage-1 examples for ``tasks`` of either kind, by task id (offline or the teacher)."""
-    from birdenv.vector import task_kind
+    from birdenv.bird import BirdTask
+    from birdenv.tasks import Task
     from birdtrain.data import build_reasoning_examples, make_teacher
     from birdtrain.data.bird import build_bird_reasoning_examples
 
     teacher = make_teacher(cfg)
-    critic = [t for t in tasks if task_kind(t) == "critic"]
-    bird = [t for t in tasks if task_kind(t) == "bird"]
+    critic = [t for t in tasks if isinstance(t, Task)]
+    bird = [t for t in tasks if isinstance(t, BirdTask)]
     examples = build_reasoning_examples(critic, teacher=teacher, progress=False) if critic else []
     if bird:
         examples += build_bird_reasoning_examples(bird, teacher=teacher)

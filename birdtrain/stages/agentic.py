@@ -35,8 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from birdenv.tasks import Task
-from birdenv.vector import load_source, task_category
+from birdenv.tasks import Task, load_tasks
 from birdtrain import rollout
 from birdtrain.sampling import Group, dynamic_sample
 from birdtrain.stages import (
@@ -253,7 +252,7 @@ def _load_tasks(tasks: Any, cfg: Any) -> list[Task]:
     if tasks is None:
         tasks = cfg.data.train_suite
     if isinstance(tasks, (str, Path)):
-        tasks = load_source(tasks, db_dir=cfg.data.db_dir)
+        tasks = load_tasks(tasks, db_dir=cfg.data.db_dir)
     tasks = list(tasks)
     if cfg.data.max_train_tasks is not None:
         tasks = tasks[: cfg.data.max_train_tasks]
@@ -347,7 +346,7 @@ def run(
                 stage,
                 policy,
                 store=TrajectoryStore(out_dir),
-                categories={t.instance_id: task_category(t) for t in task_list},
+                categories={t.instance_id: t.category for t in task_list},
                 pool=[t.instance_id for t in task_list],
                 seed=cfg.seed,
             ),
