@@ -372,10 +372,10 @@ class Submits:
 
 def test_fraction_reward_scores_bird_questions(tokenizer: Any) -> None:
     """``reward: fraction`` gives a right BIRD answer the environment's reward (1), not 0."""
-    from birdenv.vector import load_source
+    from birdenv.tasks import load_tasks
     from birdtrain.stages.agentic import make_rollout_func
 
-    question = load_source("bird-mini-eval")[0]
+    question = load_tasks("bird-mini-eval")[0]
     cfg = _stage4_config(reward="fraction", max_new_tokens=400, dynamic_sampling_rounds=0)
 
     class Trainer:
