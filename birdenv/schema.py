@@ -9,9 +9,12 @@ and evaluation so that a model is tested on the prompts it learned from:
 
 - ``schema="full"`` (default, the benchmark's form): every table, view and trigger;
 - ``schema="linked"``: only the tables a task names (:func:`linked_tables`) and their
-  foreign-key neighbours, with the views and triggers that touch them. A small model's prompt on
-  critic-mini shrinks several times (benchmarks/README.md, "Prompt sizes");
+  foreign-key neighbours, with the views and triggers that touch them;
+- ``schema="named"``: only the tables a task names, without neighbours (the smallest; the table a
+  fix needs may be missing);
 - ``sample_rows=False``: no ``First 3 rows`` blocks.
+
+Token counts per setting on critic-mini are in benchmarks/README.md ("Prompt sizes").
 
 :func:`task_schema` renders the schema part of a task's prompt under those options.
 """
@@ -39,8 +42,9 @@ __all__ = [
     "text_table",
 ]
 
-#: Schema modes of :class:`PromptOptions`: every table, or those a task names plus neighbours.
-SCHEMA_MODES: Final = ("full", "linked")
+#: Schema modes of :class:`PromptOptions`: every table; those a task names plus their foreign-key
+#: neighbours; those a task names.
+SCHEMA_MODES: Final = ("full", "linked", "named")
 #: Rows shown per table when sample rows are on (the benchmark's three).
 SAMPLE_ROWS: Final = 3
 # Names shorter than this are not matched in a question's words ("id" is in every table).
@@ -58,10 +62,11 @@ class PromptOptions:
     >>> PromptOptions(schema="short")
     Traceback (most recent call last):
     ...
-    birdenv.errors.SchemaError: schema must be one of 'full', 'linked'; got 'short'
+    birdenv.errors.SchemaError: schema must be one of 'full', 'linked', 'named'; got 'short'
     """
 
-    #: ``"full"`` (every table, the benchmark's form) or ``"linked"`` (see :func:`linked_tables`).
+    #: ``"full"`` (every table, the benchmark's form), ``"linked"`` or ``"named"`` (see
+    #: :func:`linked_tables`).
     schema: str = "full"
     #: Whether each table is followed by its first three rows.
     sample_rows: bool = True
@@ -251,7 +256,9 @@ def _name_key(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _linked(path: str, mtime_ns: int, sql: tuple[str, ...], text: str) -> tuple[str, ...]:
+def _linked(
+    path: str, mtime_ns: int, sql: tuple[str, ...], text: str, neighbours: bool
+) -> tuple[str, ...]:
     catalog = _catalog(path, mtime_ns)
     tables = [o for o in catalog if o.kind == "table"]
     named = {fold(t) for t in referenced_tables(sql)}
@@ -268,6 +275,8 @@ def _linked(path: str, mtime_ns: int, sql: tuple[str, ...], text: str) -> tuple[
     named &= {fold(t.name) for t in tables}
     if not named:
         return tuple(t.name for t in tables)
+    if not neighbours:
+        return tuple(t.name for t in tables if fold(t.name) in named)
     # One hop along foreign keys, both ways: tables this one points at, and those pointing at it.
     linked = set(named)
     for table in tables:
@@ -280,7 +289,11 @@ def _linked(path: str, mtime_ns: int, sql: tuple[str, ...], text: str) -> tuple[
 
 
 def linked_tables(
-    db_path: str | Path, *, sql: str | Iterable[str] = (), text: str = ""
+    db_path: str | Path,
+    *,
+    sql: str | Iterable[str] = (),
+    text: str = "",
+    neighbours: bool = True,
 ) -> list[str]:
     """The tables of a database a task links to, in schema order.
 
@@ -290,19 +303,19 @@ def linked_tables(
     ``text`` (a question and its evidence) matches its name or one of its columns' names
     (case-insensitive, ``snake_case`` and ``camelCase`` split into words, plurals as singulars,
     names shorter than three letters never matched). The linked tables are the named ones plus
-    their foreign-key neighbours, one hop in both directions. When nothing is named, every table
-    is linked.
+    (with ``neighbours``) their foreign-key neighbours, one hop in both directions. When nothing
+    is named, every table is linked.
     """
     path, mtime_ns = _database(db_path)
     statements = (sql,) if isinstance(sql, str) else tuple(sql)
-    return list(_linked(path, mtime_ns, statements, text))
+    return list(_linked(path, mtime_ns, statements, text, neighbours))
 
 
 def task_schema(task: Any, options: PromptOptions | None = None) -> str:
     """The schema part of ``task``'s prompt under ``options`` (default: full, with sample rows).
 
-    Linked mode links a debugging task (:class:`birdenv.tasks.Task`) by its issue SQL and a BIRD
-    question (:class:`birdenv.bird.BirdTask`) by its question and evidence.
+    The linked and named modes link a debugging task (:class:`birdenv.tasks.Task`) by its issue
+    SQL and a BIRD question (:class:`birdenv.bird.BirdTask`) by its question and evidence.
     """
     from birdenv.bird import BirdTask
     from birdenv.tasks import Task
@@ -311,10 +324,12 @@ def task_schema(task: Any, options: PromptOptions | None = None) -> str:
     rows = SAMPLE_ROWS if options.sample_rows else 0
     if options.schema == "full":
         return render_schema(task.db_path, rows=rows)
+    neighbours = options.schema == "linked"
     if isinstance(task, BirdTask):
-        tables = linked_tables(task.db_path, text=f"{task.question}\n{task.evidence or ''}")
+        text = f"{task.question}\n{task.evidence or ''}"
+        tables = linked_tables(task.db_path, text=text, neighbours=neighbours)
     elif isinstance(task, Task):
-        tables = linked_tables(task.db_path, sql=task.issue_sql)
+        tables = linked_tables(task.db_path, sql=task.issue_sql, neighbours=neighbours)
     else:
         raise TypeError(f"not a task: {type(task).__name__} (expected Task or BirdTask)")
     return render_schema(task.db_path, rows=rows, tables=tables)

@@ -22,6 +22,7 @@ from birdenv.vector import make_vec
 from birdtrain.prompts import single_turn_prompt
 
 LINKED = PromptOptions(schema="linked")
+NAMED = PromptOptions(schema="named", sample_rows=False)
 BARE = PromptOptions(schema="linked", sample_rows=False)
 
 
@@ -112,6 +113,15 @@ def test_linked_tables_are_the_named_plus_foreign_key_neighbours(bank: Path) -> 
         assert got == [t for t in _tables(bank) if t in got]  # schema order
 
 
+def test_named_mode_keeps_the_named_tables_alone(bank: Path) -> None:
+    assert linked_tables(bank, sql="SELECT * FROM cards", neighbours=False) == ["cards"]
+    sql = "SELECT * FROM loans JOIN accounts USING (account_id)"
+    assert linked_tables(bank, sql=sql, neighbours=False) == ["accounts", "loans"]
+    assert linked_tables(bank, sql="SELECT 1", neighbours=False) == _tables(bank)
+    question = "Which card has the highest credit limit?"
+    assert linked_tables(bank, text=question, neighbours=False) == ["cards"]
+
+
 def test_a_view_links_the_tables_it_reads(critic: list[Task]) -> None:
     db = next(t.db_path for t in critic if t.db_id == "retail_orders")
     via_view = linked_tables(db, sql="SELECT * FROM v_customer_orders")
@@ -157,11 +167,23 @@ def test_bird_questions_link_by_question_and_evidence() -> None:
         next(q.db_path for q in questions if q.db_id == "formula_racing"), text="pit stops"
     )
     assert "pitStops" in pits
+    # Without neighbours, the tables the gold query needs are still there for most questions.
+    covered = sum(
+        {fold(t) for t in referenced_tables(q.SQL)}
+        <= {
+            fold(t)
+            for t in linked_tables(q.db_path, text=f"{q.question}\n{q.evidence}", neighbours=False)
+        }
+        for q in questions
+    )
+    assert covered > 0.9 * len(questions)
 
 
 # -- PromptOptions and the prompts built with it ---------------------------------------------------
 def test_prompt_options_validate() -> None:
-    with pytest.raises(SchemaError, match="schema must be one of 'full', 'linked'; got 'short'"):
+    with pytest.raises(
+        SchemaError, match="schema must be one of 'full', 'linked', 'named'; got 'short'"
+    ):
         PromptOptions(schema="short")
     with pytest.raises(ValueError, match="sample_rows must be True or False"):
         PromptOptions(sample_rows="no")  # type: ignore[arg-type]
@@ -191,21 +213,24 @@ def test_linked_env_prompts_are_shorter_and_keep_the_issue(critic: list[Task]) -
     bare_env = gym.make(
         "BirdCritic-SQLite-v0", prompt_options={"schema": "linked", "sample_rows": False}
     )
+    named_env = gym.make("BirdCritic-SQLite-v0", prompt_options=NAMED)
     try:
         for task in critic:
             options = {"task_id": task.instance_id}
             linked, _ = env.reset(options=options)
             full, _ = full_env.reset(options=options)
             bare, _ = bare_env.reset(options=options)
+            named, _ = named_env.reset(options=options)
             assert full == critic_prompt(task) == critic_prompt(task, PromptOptions())
             assert linked == critic_prompt(task, LINKED) and bare == critic_prompt(task, BARE)
-            assert len(bare) < len(linked) <= len(full)
+            assert len(named) <= len(bare) < len(linked) <= len(full)
+            assert named == critic_prompt(task, NAMED)
             assert "rows:" not in bare
             for sql in task.issue_sql:
                 assert f"```sql\n{sql}\n```" in linked and f"```sql\n{sql}\n```" in bare
             assert task.query in bare
     finally:
-        env.close(), full_env.close(), bare_env.close()
+        env.close(), full_env.close(), bare_env.close(), named_env.close()
 
 
 def test_bird_env_and_single_turn_prompts_share_the_setting() -> None:
