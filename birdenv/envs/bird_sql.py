@@ -72,9 +72,8 @@ class BirdSQLEnv(ToolEnv):
     - ``reward``: ``"binary"`` or ``"fraction"`` (equal here);
     - ``pool`` / ``pool_options``, ``statement_timeout``, ``max_rows``, ``max_result_bytes``: as in
       ``BirdCritic-SQLite-v0``;
-    - ``prompt_options``: as in ``BirdCritic-SQLite-v0``; ``schema="linked"`` keeps the tables
-      whose names or columns' names the question or its evidence mention, and their foreign-key
-      neighbours.
+    - ``prompt_options``: as in ``BirdCritic-SQLite-v0``; here a table is named when its name
+      or a column's name is mentioned by the question or its evidence.
 
     The number of turns is Gymnasium's ``max_episode_steps``
     (``gym.make("BirdSQL-SQLite-v0", max_episode_steps=10)``); ``max_turns=`` is refused with a

@@ -63,8 +63,9 @@ class BirdCriticEnv(ToolEnv):
     - ``statement_timeout``, ``max_rows``, ``max_result_bytes``: bounds of every ``execute_sql``;
     - ``prompt_options``: how the prompt shows the database, a
       :class:`~birdenv.schema.PromptOptions` or a mapping of its fields: ``schema="full"``
-      (default, every table) or ``"linked"`` (the tables the issue SQL names and their
-      foreign-key neighbours), ``sample_rows=True`` (default) or ``False``.
+      (default, every table), ``"linked"`` (the tables the issue SQL names and their
+      foreign-key neighbours) or ``"named"`` (those tables alone), ``sample_rows=True``
+      (default) or ``False``.
 
     The number of turns is Gymnasium's ``max_episode_steps``
     (``gym.make("BirdCritic-SQLite-v0", max_episode_steps=10)``); ``max_turns=`` is refused with a
