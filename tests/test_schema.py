@@ -36,29 +36,26 @@ def bank(critic: list[Task]) -> Path:
     return next(t.db_path for t in critic if t.db_id == "bank_finance")
 
 
+def _master(db: Path, column: str, where: str) -> list[str]:
+    """One column of the schema objects SQLite lists (its own ones left out), in rowid order."""
+    conn = sqlite3.connect(db)
+    query = f"SELECT {column} FROM sqlite_master WHERE {where} AND name NOT LIKE 'sqlite_%'"
+    return [r[0] for r in conn.execute(query + " ORDER BY rowid")]
+
+
 def _tables(db: Path) -> list[str]:
     """Table names in schema order, read straight from SQLite."""
-    conn = sqlite3.connect(db)
-    rows = conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
-        "ORDER BY rowid"
-    ).fetchall()
-    return [r[0] for r in rows]
+    return _master(db, "name", "type = 'table'")
+
+
+def _statements(db: Path) -> list[str]:
+    """The CREATE statements a schema prompt shows: tables, views, triggers (no indexes)."""
+    return _master(db, "sql", "sql IS NOT NULL AND type != 'index'")
 
 
 def _fk_targets(db: Path, table: str) -> set[str]:
     conn = sqlite3.connect(db)
     return {fold(r[2]) for r in conn.execute(f'PRAGMA foreign_key_list("{table}")')}
-
-
-def _statements(db: Path) -> list[str]:
-    """The CREATE statements a schema prompt shows: tables, views, triggers (no indexes)."""
-    conn = sqlite3.connect(db)
-    rows = conn.execute(
-        "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND type != 'index' "
-        "AND name NOT LIKE 'sqlite_%'"
-    ).fetchall()
-    return [r[0] for r in rows]
 
 
 # -- render_schema ---------------------------------------------------------------------------
