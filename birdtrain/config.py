@@ -145,6 +145,12 @@ class DataConfig:
                 raise ValueError(f"data.{key} must be at least 1, got {getattr(self, key)}")
 
 
+_SAVE_STEPS_HELP = (
+    "also checkpoint every N optimizer steps into STAGE_DIR/trainer/ (0: only the final "
+    "checkpoint); an interrupted stage rerun resumes from the newest one"
+)
+
+
 @dataclasses.dataclass
 class SFTStageConfig:
     """Stages 1 (reasoning imitation) and 2 (tool-use imitation): supervised fine-tuning."""
@@ -157,6 +163,7 @@ class SFTStageConfig:
     per_device_batch_size: int = _field(1, "examples per forward pass")
     max_length: int = _field(8192, "longest tokenized example; longer ones are truncated")
     warmup_ratio: float = _field(0.03, "fraction of steps spent warming up")
+    save_steps: int = _field(0, _SAVE_STEPS_HELP)
     turns: str = _field(
         "each",
         "stage 2 only: 'each' (one example per assistant turn, its conversation so far as "
@@ -169,10 +176,19 @@ class SFTStageConfig:
             raise ValueError("batch_size must be a multiple of per_device_batch_size")
         if self.turns not in ("each", "first", "whole"):
             raise ValueError(f"turns must be 'each', 'first' or 'whole', got {self.turns!r}")
+        _check_save_steps(self.save_steps)
+
+
+def _check_save_steps(save_steps: int) -> None:
+    if save_steps < 0:
+        raise ValueError(
+            f"save_steps must be >= 0 (0: only the final checkpoint), got {save_steps}"
+        )
 
 
 def _check_rl(stage: Any, name: str) -> None:
     """Settings every GRPO stage shares, checked with the fix in the message."""
+    _check_save_steps(stage.save_steps)
     if not stage.temperature > 0:
         raise ValueError(
             f"{name}.temperature must be > 0 (GRPO samples a group of different answers; TRL "
@@ -216,6 +232,7 @@ class GRPOStageConfig:
         "estimated with difficulty_samples samples each (RUN_DIR/difficulty/stage3.json)",
     )
     difficulty_samples: int = _field(8, "samples per task for the pass-rate estimate")
+    save_steps: int = _field(0, _SAVE_STEPS_HELP)
     use_vllm: bool = _field(False, "generate with vLLM (GPU machines with the vllm extra)")
 
     def __post_init__(self) -> None:
@@ -254,6 +271,7 @@ class AgenticConfig:
         "< 1), estimated with difficulty_samples rollouts each (RUN_DIR/difficulty/stage4.json)",
     )
     difficulty_samples: int = _field(4, "rollouts per task for the pass-rate estimate")
+    save_steps: int = _field(0, _SAVE_STEPS_HELP)
     use_vllm: bool = _field(False, "generate with vLLM (GPU machines with the vllm extra)")
 
     def __post_init__(self) -> None:
@@ -465,6 +483,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "per_device_batch_size": 2,
             "max_length": 2048,
             "warmup_ratio": 0.05,
+            "save_steps": 6,
         },
         "stage2": {
             "epochs": 3,
@@ -473,7 +492,10 @@ PRESETS: dict[str, dict[str, Any]] = {
             "per_device_batch_size": 2,
             "max_length": 3072,
             "warmup_ratio": 0.05,
-            "turns": "each",
+            # One example per trajectory, loss on its three turns: the same tokens as "each" for
+            # 2.3x fewer (each turn's context is read once), 153k tokens an epoch.
+            "turns": "whole",
+            "save_steps": 6,
         },
         "stage3": {
             "max_steps": 10,
@@ -487,6 +509,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "difficulty_filter": True,
             "difficulty_samples": 4,
             "dynamic_sampling_rounds": 2,
+            "save_steps": 2,
         },
         "stage4": {
             "max_steps": 10,
@@ -502,6 +525,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "difficulty_filter": True,
             "difficulty_samples": 4,
             "dynamic_sampling_rounds": 2,
+            "save_steps": 2,
         },
         "eval": {
             "max_turns": 3,

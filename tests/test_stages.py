@@ -419,6 +419,68 @@ def test_stage2_teaches_tool_calls_on_unseen_tasks(tmp_path: Path) -> None:
     assert len(losses) == 20 and losses[-1] < losses[0] / 2
 
 
+def test_an_interrupted_stage_resumes_from_its_last_checkpoint(
+    shop: list[Task], tiny: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stage stopped after an intermediate checkpoint resumes there when rerun, and ends where
+    an uninterrupted run ends: same steps, same losses, same weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    from birdtrain.prompts import format_answer, single_turn_prompt
+    from birdtrain.stages import sft, train
+
+    examples = [
+        {
+            "prompt": [{"role": "user", "content": single_turn_prompt(t)}],
+            "completion": [
+                {"role": "assistant", "content": format_answer("Fix.", list(t.sol_sql))}
+            ],
+            "task_id": t.instance_id,
+        }
+        for t in shop[:6]
+    ]
+    cfg = _cfg(**{"stage1.max_steps": 3, "stage1.save_steps": 1, "stage1.learning_rate": 1e-3})
+
+    class Killed(Exception):
+        pass
+
+    class KillAfterSecondSave(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 2:
+                raise Killed
+
+    interrupted = sft.build_trainer(
+        cfg, model_path=tiny, out_dir=tmp_path / "a", examples=examples, stage=1
+    )
+    interrupted.add_callback(KillAfterSecondSave())
+    with pytest.raises(Killed):
+        train(interrupted)
+    assert [p.name for p in (tmp_path / "a/trainer").glob("checkpoint-*")] == ["checkpoint-2"]
+
+    capsys.readouterr()
+    resumed = sft.run(cfg, model_path=tiny, out_dir=tmp_path / "a", examples=examples, stage=1)
+    assert f"resuming from {tmp_path / 'a/trainer/checkpoint-2'}" in capsys.readouterr().out
+    straight = sft.run(cfg, model_path=tiny, out_dir=tmp_path / "b", examples=examples, stage=1)
+
+    def losses(run: str) -> dict[int, float]:
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return {m["step"]: m["loss"] for m in map(json.loads, lines) if "loss" in m}
+
+    assert list(losses("a")) == [1, 2, 3]
+    assert losses("a") == pytest.approx(losses("b"), rel=1e-4)
+    a = AutoModelForCausalLM.from_pretrained(resumed).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(straight).state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in b)
+    start = AutoModelForCausalLM.from_pretrained(tiny).state_dict()
+    assert not all(torch.equal(start[k], b[k]) for k in b)  # it trained
+
+
+def test_save_steps_is_checked() -> None:
+    with pytest.raises(ValueError, match="save_steps must be >= 0"):
+        _cfg(**{"stage4.save_steps": -1})
+
+
 # -- (c) stages 1 and 3 end to end --------------------------------------------------------------
 def test_stage1_then_stage3_end_to_end(shop: list[Task], tiny: str, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -18,11 +18,13 @@ from typing import Any
 __all__ = [
     "StageError",
     "check_batches",
+    "checkpointing",
     "finish_stage",
     "prompt_groups",
     "save_checkpoint",
     "silence_trl_experimental",
     "stage_actor",
+    "train",
     "trainer_device_args",
     "write_metrics",
 ]
@@ -82,6 +84,32 @@ def finish_stage(trainer: Any, stage: str, out_dir: Path, extra: Any = None) -> 
         )
     write_metrics(trainer.state.log_history, out_dir / "metrics.jsonl", extra=extra)
     return save_checkpoint(trainer.model, trainer.processing_class, out_dir / "checkpoint")
+
+
+def checkpointing(save_steps: int) -> dict[str, Any]:
+    """``TrainingArguments`` keywords for a stage's intermediate checkpoints (``save_steps``, 0:
+    none; the final, merged save is :func:`save_checkpoint`'s). Only the newest is kept: it holds
+    the optimizer state, several times the model's size."""
+    if not save_steps:
+        return {"save_strategy": "no"}
+    return {"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": 1}
+
+
+def train(trainer: Any) -> None:
+    """``trainer.train()``, resumed from the newest intermediate checkpoint in the trainer's
+    output folder when an earlier, interrupted run left one.
+
+    The model, optimizer, schedule, RNG states, step count and log history come back; the data
+    loader skips the batches already trained on. A stage's own sampling state (dynamic
+    sampling's replacement draws) starts afresh.
+    """
+    from transformers.trainer_utils import get_last_checkpoint
+
+    out = Path(trainer.args.output_dir)
+    last = get_last_checkpoint(str(out)) if out.is_dir() else None
+    if last is not None:
+        print(f"resuming from {last}")
+    trainer.train(resume_from_checkpoint=last)
 
 
 def trainer_device_args(dtype: str) -> dict[str, Any]:

@@ -40,10 +40,12 @@ from birdtrain import rollout
 from birdtrain.sampling import Group, dynamic_sample
 from birdtrain.stages import (
     check_batches,
+    checkpointing,
     finish_stage,
     prompt_groups,
     silence_trl_experimental,
     stage_actor,
+    train,
     trainer_device_args,
 )
 from birdtrain.trajectory_store import TrajectoryStore, episode_rows
@@ -314,7 +316,7 @@ def run(
         model, tokenizer = load_policy(model_path, dtype=cfg.model.dtype)
         batch = stage.tasks_per_step * stage.num_generations
         args = GRPOConfig(
-            output_dir=str(out_dir),
+            output_dir=str(out_dir / "trainer"),
             per_device_train_batch_size=batch,
             gradient_accumulation_steps=1,
             num_generations=stage.num_generations,
@@ -328,7 +330,7 @@ def run(
             logging_steps=1,
             report_to=cfg.report_to,
             seed=cfg.seed,
-            save_strategy="no",
+            **checkpointing(stage.save_steps),
             disable_tqdm=False,
             use_vllm=stage.use_vllm,
             **({"vllm_mode": "colocate"} if stage.use_vllm else {}),
@@ -351,7 +353,7 @@ def run(
                 seed=cfg.seed,
             ),
         )
-        trainer.train()
+        train(trainer)
     finally:
         if own_envs:
             envs.close()

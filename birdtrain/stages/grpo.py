@@ -29,7 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from birdtrain.sampling import Group, dynamic_sample
-from birdtrain.stages import finish_stage, prompt_groups, stage_actor, trainer_device_args
+from birdtrain.stages import (
+    checkpointing,
+    finish_stage,
+    prompt_groups,
+    stage_actor,
+    train,
+    trainer_device_args,
+)
 
 __all__ = ["build_dataset", "build_trainer", "make_rollout_func", "run", "step_metrics"]
 
@@ -213,7 +220,7 @@ def build_trainer(
         gradient_accumulation_steps=s.prompts_per_step,
         reward_weights=reward_weights,
         logging_steps=1,
-        save_strategy="no",  # the final, merged save is ours
+        **checkpointing(s.save_steps),
         report_to=cfg.report_to,
         seed=cfg.seed,
         disable_tqdm=False,
@@ -266,5 +273,5 @@ def run(
     """
     out_dir = Path(out_dir)
     trainer = build_trainer(cfg, model_path=model_path, out_dir=out_dir, tasks=tasks, policy=policy)
-    trainer.train()
+    train(trainer)
     return finish_stage(trainer, "stage3", out_dir, extra=step_metrics)

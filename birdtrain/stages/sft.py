@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from birdtrain.stages import finish_stage, trainer_device_args
+from birdtrain.stages import checkpointing, finish_stage, train, trainer_device_args
 
 __all__ = ["build_dataset", "build_trainer", "run"]
 
@@ -132,7 +132,7 @@ def build_trainer(cfg: Any, *, model_path: str, out_dir: Path, examples: Any, st
         completion_only_loss=stage == 1 or per_turn,
         assistant_only_loss=stage == 2 and not per_turn,
         logging_steps=1,
-        save_strategy="no",  # the final, merged save is ours
+        **checkpointing(stage_cfg.save_steps),
         report_to=cfg.report_to,
         seed=cfg.seed,
         disable_tqdm=False,
@@ -182,5 +182,5 @@ def run(
     trainer = build_trainer(
         cfg, model_path=model_path, out_dir=out_dir, examples=examples, stage=stage
     )
-    trainer.train()
+    train(trainer)
     return finish_stage(trainer, f"stage{stage}", out_dir)
