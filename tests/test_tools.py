@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from birdenv.replicas.session import Result
 from birdenv.tools import (
@@ -14,6 +18,7 @@ from birdenv.tools import (
     parse_tool_call,
     submit_solution,
 )
+from birdenv.tools import _blocks as tool_call_blocks
 
 
 def test_round_trip_with_reasoning_around_the_call() -> None:
@@ -56,6 +61,36 @@ def test_observation_shows_status_columns_rows_and_truncation() -> None:
     assert "cut at the row or size limit" in lines[-1]
     error = format_observation(Result([], [], -1, False, "no such table: t", 0.0))
     assert error == "status: error\nerror: no such table: t"
+
+
+@given(
+    st.lists(st.sampled_from(["<tool_call>", "</tool_call>", "<tool_", "call>", "x", "\n", "{}"]))
+)
+def test_tool_call_blocks_are_what_the_pattern_finds(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    assert tool_call_blocks(text) == re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL)
+
+
+@pytest.mark.parametrize(
+    ("value", "cell"),
+    [
+        (None, "NULL"),
+        (-42, "-42"),
+        (10**120, "1" + "0" * 96 + "..."),
+        (True, "True"),
+        (0.1 + 0.2, "0.3"),
+        (b"\x00\x01", "<blob 2 bytes>"),
+        ("a|b\nc", "a\\|b\\nc"),
+        ("é" * 100, "é" * 100),
+        ("x" * 101, "x" * 97 + "..."),
+        ("|" * 60, "\\|" * 48 + "\\..."),
+        (type("Text", (str,), {})("sub|class"), "sub\\|class"),
+        (bytearray(b"ab"), "bytearray(b'ab')"),
+    ],
+)
+def test_observation_cells(value: object, cell: str) -> None:
+    text = format_observation(Result(["v"], [(value,)], 1, False, None, 0.0))
+    assert text.splitlines()[3] == f"| {cell} |"
 
 
 def test_schemas_match_transformers_get_json_schema() -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
+import operator
 import sqlite3
 import sys
 import time
@@ -85,8 +87,13 @@ class Result:
         return self.error is None
 
 
+# length_hint(value, 8): the length of a str or bytes value, 8 for a number or NULL. Mapped in C
+# over a row, a third of the time of a Python-level loop; this runs for every row of every result.
+_EIGHTS = itertools.repeat(8)
+
+
 def _row_bytes(row: tuple[Any, ...]) -> int:
-    return sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in row) + 8
+    return sum(map(operator.length_hint, row, _EIGHTS)) + 8
 
 
 def _fetch(cursor: sqlite3.Cursor, max_rows: int, max_bytes: int | None) -> tuple[list, bool]:
@@ -94,14 +101,17 @@ def _fetch(cursor: sqlite3.Cursor, max_rows: int, max_bytes: int | None) -> tupl
     rows: list[tuple[Any, ...]] = []
     size = 0
     while len(rows) < max_rows:
-        batch = cursor.fetchmany(min(512, max_rows - len(rows)))
-        if not batch:
+        want = min(512, max_rows - len(rows))
+        batch = cursor.fetchmany(want)
+        if max_bytes is not None:
+            for i, row in enumerate(batch):
+                size += _row_bytes(row)
+                if size > max_bytes:
+                    rows += batch[:i]
+                    return rows, True
+        rows += batch
+        if len(batch) < want:  # the statement is done: asking again would return nothing
             return rows, False
-        for row in batch:
-            size += _row_bytes(row)
-            if max_bytes is not None and size > max_bytes:
-                return rows, True
-            rows.append(row)
     return rows, cursor.fetchone() is not None
 
 
