@@ -122,7 +122,8 @@ STATEMENTS = {
 
 @pytest.mark.parametrize("kind", list(STATEMENTS))
 def test_execute_sql_overhead(benchmark, kind, private_copy) -> None:
-    """One ``env.step`` with an ``execute_sql`` call vs a raw ``sqlite3`` execute (goal <= 1.2x)."""
+    """One ``env.step`` with an ``execute_sql`` call vs a raw ``sqlite3`` execute (goals: <= 1.5x on
+    the lookups, <= 1.1x on the task's statement), in wall and in thread CPU time."""
     tasks = [t for t in load_tasks("gym-mini") if t.db_id == "retail_orders"]
     sql = STATEMENTS[kind] or tasks[0].issue_sql[0]
     env = BirdCriticEnv(tasks=tasks)
@@ -146,6 +147,10 @@ def test_execute_sql_overhead(benchmark, kind, private_copy) -> None:
         conn.execute(sql).fetchall()
 
     medians = interleaved_medians({"env": env_step, "raw": raw}, rounds=101, warmup=3)
+    # The same, in CPU time of this thread: steady where other jobs share the cores.
+    cpu = interleaved_medians(
+        {"env": env_step, "raw": raw}, rounds=101, warmup=0, clock=time.thread_time
+    )
 
     def fresh_episode() -> None:  # setup must return None, not reset()'s (obs, info)
         env.reset(options=options)
@@ -153,11 +158,17 @@ def test_execute_sql_overhead(benchmark, kind, private_copy) -> None:
     benchmark.pedantic(env.step, args=(action,), setup=fresh_episode, rounds=30)
     env.close()
     ratio = medians["env"] / medians["raw"]
+    cpu_ratio = cpu["env"] / cpu["raw"]
+    goal = 1.5 if kind != "task_issue_sql" else 1.1  # issue 17: a micro-statement / a real one
     benchmark.extra_info.update(
         statement=kind,
         env_ms=1000 * medians["env"],
         raw_ms=1000 * medians["raw"],
         overhead_ms=1000 * (medians["env"] - medians["raw"]),
         ratio=ratio,
-        goal_met=ratio <= 1.2,
+        cpu_env_ms=1000 * cpu["env"],
+        cpu_raw_ms=1000 * cpu["raw"],
+        cpu_ratio=cpu_ratio,
+        goal=goal,
+        goal_met=ratio <= goal,
     )
