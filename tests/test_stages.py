@@ -326,6 +326,16 @@ def test_stage1_labels_only_the_completion(shop: list[Task], tiny: str, tmp_path
     ]
     text = trainer.processing_class.decode(labelled)
     assert answer in text and "# Database Schema" not in text and "<|im_start|>user" not in text
+    # TRL checkpoints activations unless told otherwise; the model setting decides.
+    assert trainer.args.gradient_checkpointing is True
+    lean = sft.build_trainer(
+        _cfg(**{"model.gradient_checkpointing": False}),
+        model_path=tiny,
+        out_dir=tmp_path,
+        examples=[example],
+        stage=1,
+    )
+    assert lean.args.gradient_checkpointing is False
 
 
 # -- (b) stage 2 teaches the tiny model to call tools, on prompts it never saw ------------------

@@ -112,13 +112,17 @@ def train(trainer: Any) -> None:
     trainer.train(resume_from_checkpoint=last)
 
 
-def trainer_device_args(dtype: str) -> dict[str, Any]:
-    """``TrainingArguments`` keywords for this machine: CPU when there is no CUDA, bf16/fp16 on GPU."""
+def trainer_device_args(model: Any) -> dict[str, Any]:
+    """``TrainingArguments`` keywords for this machine and the ``model`` settings
+    (:class:`~birdtrain.config.ModelConfig`): CPU when there is no CUDA, bf16/fp16 on GPU, and
+    ``model.gradient_checkpointing``."""
     import torch
 
+    # TRL turns checkpointing on by default; pass it either way.
+    args: dict[str, Any] = {"gradient_checkpointing": model.gradient_checkpointing}
     if not torch.cuda.is_available():
-        return {"use_cpu": True, "bf16": False, "fp16": False}
-    return {"bf16": dtype == "bfloat16", "fp16": dtype == "float16"}
+        return {**args, "use_cpu": True, "bf16": False, "fp16": False}
+    return {**args, "bf16": model.dtype == "bfloat16", "fp16": model.dtype == "float16"}
 
 
 def write_metrics(

@@ -334,7 +334,7 @@ def run(
             disable_tqdm=False,
             use_vllm=stage.use_vllm,
             **({"vllm_mode": "colocate"} if stage.use_vllm else {}),
-            **trainer_device_args(cfg.model.dtype),
+            **trainer_device_args(cfg.model),
         )
         trainer = GRPOTrainer(
             model=model,

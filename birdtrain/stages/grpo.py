@@ -225,7 +225,7 @@ def build_trainer(
         seed=cfg.seed,
         disable_tqdm=False,
         **vllm,
-        **trainer_device_args(cfg.model.dtype),
+        **trainer_device_args(cfg.model),
     )
     return GRPOTrainer(
         model=model,

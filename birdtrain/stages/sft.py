@@ -137,7 +137,7 @@ def build_trainer(cfg: Any, *, model_path: str, out_dir: Path, examples: Any, st
         seed=cfg.seed,
         disable_tqdm=False,
         dataset_num_proc=None,
-        **trainer_device_args(cfg.model.dtype),
+        **trainer_device_args(cfg.model),
     )
     trainer = SFTTrainer(
         model=model,
