@@ -1,7 +1,9 @@
 """The copy-on-write page-overlay VFS against a private full copy, on real SQLite files.
 
 Every scenario drives the overlay the way the official evaluator drives a database copy and
-checks results, error messages, ``PRAGMA integrity_check`` and full dumps against the copy.
+checks results, error messages, ``PRAGMA integrity_check`` and full dumps against the copy. The
+scenarios that stay in one process also run with the session's pages in a shared,
+content-addressed store (``pages``), which must change nothing but where the bytes live.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
 
@@ -82,6 +86,27 @@ def build_base(path: Path, customers: int = 2000, orders: int = 6000) -> Path:
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     return build_base(tmp_path_factory.mktemp("base") / "base.sqlite")
+
+
+@pytest.fixture(params=["private", "shared"])
+def pages(request, tmp_path) -> Iterator[Path | None]:
+    """Where a test's sessions keep their changed pages: privately, or in a shared page store.
+
+    A test that gets a store discards its sessions at the end; the store must then be gone.
+    """
+    if request.param == "private":
+        yield None
+        return
+    store = tmp_path / "pages"
+    yield store
+    assert store_figures(store) is None, "the page store outlived its sessions"
+    assert not list(tmp_path.glob("pages-*")), "the page store left files behind"
+
+
+def store_figures(store: Path) -> dict | None:
+    """The figures of a page store of this process, or None when it does not exist."""
+    found = [s for s in overlay.page_stores() if s["pages"] == str(store)]
+    return found[0] if found else None
 
 
 def connect_overlay(session: Path, base_path: Path, **kw) -> sqlite3.Connection:
@@ -290,37 +315,41 @@ CASES = [(name, EVALUATOR_PRELUDE) for name in SEQUENCES] + [
     CASES,
     ids=[f"{n}-{'wal' if len(p) == 2 else 'rollback'}" for n, p in CASES],
 )
-def test_parity_with_private_copy(base, tmp_path, name, prelude):
+def test_parity_with_private_copy(base, tmp_path, name, prelude, pages):
     before = sha256(base)
     copy = tmp_path / "copy.sqlite"
     shutil.copyfile(base, copy)
     session = tmp_path / "session.sqlite"
     with closing(sqlite3.connect(copy)) as ref_conn:
         expected = run_like_evaluator(ref_conn, SEQUENCES[name], prelude)
-    with closing(connect_overlay(session, base)) as ovl_conn:
+    with closing(connect_overlay(session, base, pages=pages)) as ovl_conn:
         got = run_like_evaluator(ovl_conn, SEQUENCES[name], prelude)
     assert got == expected
     with closing(sqlite3.connect(copy)) as ref_conn:
         ref_dump = check_db(ref_conn)
         ref_pages = ref_conn.execute("PRAGMA page_size").fetchall()
-    with closing(connect_overlay(session, base)) as ovl_conn:
+    with closing(connect_overlay(session, base, pages=pages)) as ovl_conn:
         assert check_db(ovl_conn) == ref_dump
         assert ovl_conn.execute("PRAGMA page_size").fetchall() == ref_pages
+    overlay.discard(session)
     assert sha256(base) == before
 
 
-def test_rewriting_identical_pages_is_free(base, tmp_path):
+def test_rewriting_identical_pages_is_free(base, tmp_path, pages):
     """A VACUUM that reproduces the base page for page costs (almost) no private bytes."""
     packed = tmp_path / "packed.sqlite"
     shutil.copyfile(base, packed)
     with closing(sqlite3.connect(packed)) as conn:
         conn.execute("VACUUM")
     session = tmp_path / "s.sqlite"
-    with closing(connect_overlay(session, packed)) as conn:
+    with closing(connect_overlay(session, packed, pages=pages)) as conn:
         conn.execute("VACUUM")
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     assert packed.stat().st_size > 300_000
     assert allocated(session) <= 16 * 1024
+    if pages is not None:
+        assert store_figures(pages)["stored_bytes"] <= 16 * 1024
+    overlay.discard(session)
 
 
 # ----------------------------------------------------------------------------- 2. isolation
@@ -387,11 +416,12 @@ def test_isolation_many_sessions_and_a_second_process(base, tmp_path):
 
 
 @pytest.mark.parametrize("journal_mode", ["wal", "delete"])
-def test_two_connections_share_one_session(base, tmp_path, journal_mode):
-    """Writes and checkpoints by one connection are seen by the other (side-file reloads)."""
+def test_two_connections_share_one_session(base, tmp_path, journal_mode, pages):
+    """Writes and checkpoints by one connection are seen by the other (side-file reloads, or the
+    one in-memory state of a session on shared pages)."""
     session = tmp_path / "s.sqlite"
-    a = connect_overlay(session, base)
-    b = connect_overlay(session, base)
+    a = connect_overlay(session, base, pages=pages)
+    b = connect_overlay(session, base, pages=pages)
     try:
         for conn in (a, b):
             conn.execute("PRAGMA synchronous = OFF")
@@ -418,9 +448,10 @@ def test_two_connections_share_one_session(base, tmp_path, journal_mode):
     finally:
         a.close()
         b.close()
-    with closing(connect_overlay(session, base)) as conn:
+    with closing(connect_overlay(session, base, pages=pages)) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         assert conn.execute("SELECT count(*) FROM customers WHERE city = 'sh'").fetchone() == (30,)
+    overlay.discard(session)
 
 
 def _hammer_shared_session(session: str, base_path: str, worker: int, mode: str) -> bool:
@@ -542,11 +573,11 @@ RUNAWAY = (
 @pytest.mark.parametrize(
     ("name", "prelude"), [("wal", EVALUATOR_PRELUDE), ("rollback", ROLLBACK_PRELUDE)]
 )
-def test_max_bytes_fails_cleanly_and_session_stays_usable(base, tmp_path, name, prelude):
+def test_max_bytes_fails_cleanly_and_session_stays_usable(base, tmp_path, name, prelude, pages):
     before = sha256(base)
     session = tmp_path / "s.sqlite"
     cap = 2_000_000
-    with closing(connect_overlay(session, base, max_bytes=cap)) as conn:
+    with closing(connect_overlay(session, base, max_bytes=cap, pages=pages)) as conn:
         out = run_like_evaluator(
             conn,
             [
@@ -563,46 +594,247 @@ def test_max_bytes_fails_cleanly_and_session_stays_usable(base, tmp_path, name, 
         assert results[2:] == [("rows", [(2000,)]), ("ok",), ("rows", [(1, 2)])]
     for path in overlay.session_files(session):
         assert allocated(path) <= cap + 64 * 1024, path
-    with closing(connect_overlay(session, base, max_bytes=cap)) as conn:
+    if pages is not None:
+        assert store_figures(pages)["mapped_bytes"] <= cap
+    with closing(connect_overlay(session, base, max_bytes=cap, pages=pages)) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         assert conn.execute("SELECT count(*) FROM blobs").fetchone() == (1,)
+    overlay.discard(session)
     assert sha256(base) == before
 
 
 # ----------------------------------------------------------------------------- 5. O(changes)
 
 
-def test_private_disk_is_proportional_to_changes(tmp_path):
+def test_private_disk_is_proportional_to_changes(tmp_path, pages):
     big = build_base(tmp_path / "big.sqlite", customers=20000, orders=60000)
     assert big.stat().st_size > 3_000_000
     session = tmp_path / "s.sqlite"
-    with closing(connect_overlay(session, big)) as conn:
+    with closing(connect_overlay(session, big, pages=pages)) as conn:
         run_like_evaluator(conn, ["UPDATE customers SET city = 'Nice' WHERE id = 12345"])
-    with closing(connect_overlay(session, big)) as conn:
+    with closing(connect_overlay(session, big, pages=pages)) as conn:
         assert conn.execute("SELECT city FROM customers WHERE id = 12345").fetchone() == ("Nice",)
     private = sum(allocated(p) for p in overlay.session_files(session))
+    private += sum(allocated(p) for p in tmp_path.glob("pages-*"))
     assert private <= 64 * 1024, private
     assert session.stat().st_size <= big.stat().st_size
+    overlay.discard(session)
 
 
 # ----------------------------------------------------------------------------- 6. URI quoting
 
 
-def test_uri_quoting_of_awkward_paths(tmp_path):
+def test_uri_quoting_of_awkward_paths(tmp_path, pages):
     weird = tmp_path / "a dir %41 #x ?y &z=1"
     weird.mkdir()
     base_path = build_base(weird / "base 100% #1 ?&.sqlite", customers=20, orders=20)
     before = sha256(base_path)
     session = weird / "sess ion %20 #2 ?q=1&r.sqlite"
-    with closing(connect_overlay(session, base_path)) as conn:
+    store = None if pages is None else weird / "pages %2F #3 ?p=1&"
+    with closing(connect_overlay(session, base_path, pages=store)) as conn:
         run_like_evaluator(conn, ["INSERT INTO customers(name) VALUES ('weird')"])
     assert session.exists()
-    assert Path(f"{session}-ovl").exists()
-    with closing(connect_overlay(session, base_path)) as conn:
+    assert Path(f"{session}-ovl" if store is None else f"{session}-shared").exists()
+    if store is not None:
+        assert store_figures(store)["stored_bytes"] > 0
+    with closing(connect_overlay(session, base_path, pages=store)) as conn:
         assert conn.execute("SELECT count(*) FROM customers").fetchone() == (21,)
     assert sha256(base_path) == before
     overlay.discard(session)
     assert not any(p.exists() for p in overlay.session_files(session))
+    if store is not None:
+        assert store_figures(store) is None
+        assert not list(weird.glob("pages *"))
+
+
+# ----------------------------------------------------------------------------- 7. shared pages
+
+SIBLING_WRITES = [
+    "UPDATE orders SET note = printf('%0300d', id) WHERE id % 3 = 0",
+    "INSERT INTO customers(name, city) VALUES ('sibling', 'Rome')",
+    "DELETE FROM orders WHERE amount < 50",
+]
+
+
+def test_identical_pages_of_sibling_sessions_are_stored_once(base, tmp_path):
+    """Four sessions run the same writes: the store keeps one copy of each changed page, every
+    session reads exactly what a private copy holds, and the base never changes."""
+    before = sha256(base)
+    store = tmp_path / "pages"
+    copy = tmp_path / "copy.sqlite"
+    shutil.copyfile(base, copy)
+    with closing(sqlite3.connect(copy)) as conn:
+        run_like_evaluator(conn, SIBLING_WRITES)
+        expected = check_db(conn)
+    sessions = [tmp_path / f"s{i}.sqlite" for i in range(4)]
+    for session in sessions:
+        with closing(connect_overlay(session, base, pages=store)) as conn:
+            run_like_evaluator(conn, SIBLING_WRITES)
+    figures = store_figures(store)
+    assert figures["sessions"] == 4
+    assert figures["stored_bytes"] > 100_000  # the writes really changed pages
+    assert figures["mapped_bytes"] == 4 * figures["stored_bytes"]
+    assert figures["shared_writes"] > 0
+    assert not any(allocated(p) for s in sessions for p in overlay.session_files(s))
+    for session in sessions:
+        with closing(connect_overlay(session, base, pages=store)) as conn:
+            assert check_db(conn) == expected
+    for session in sessions:
+        overlay.discard(session)
+    assert store_figures(store) is None
+    assert not list(tmp_path.glob("pages-*"))
+    assert sha256(base) == before
+
+
+def test_a_shared_page_never_changes(base, tmp_path):
+    """Two sessions share their changed pages; when one of them writes those pages again, the
+    other's view (and the stored page it maps) is untouched."""
+    store = tmp_path / "pages"
+    a_path, b_path = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
+    a = connect_overlay(a_path, base, pages=store)
+    b = connect_overlay(b_path, base, pages=store)
+    try:
+        for conn in (a, b):  # checkpointed, as sessions do, so the pages reach the store
+            run_like_evaluator(conn, [*SIBLING_WRITES, "PRAGMA wal_checkpoint(TRUNCATE)"])
+        shared = store_figures(store)
+        assert shared["stored_bytes"] > 100_000
+        assert shared["mapped_bytes"] == 2 * shared["stored_bytes"]
+        b_dump = dump(b)
+        run_like_evaluator(
+            a,
+            [
+                "UPDATE orders SET note = 'a only' WHERE id % 3 = 0",
+                "PRAGMA wal_checkpoint(TRUNCATE)",
+                "VACUUM",
+            ],
+        )
+        assert dump(b) == b_dump
+        assert b.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert a.execute("SELECT count(*) FROM orders WHERE note = 'a only'").fetchone()[0] > 1000
+        assert b.execute("SELECT count(*) FROM orders WHERE note = 'a only'").fetchone() == (0,)
+        assert store_figures(store)["stored_bytes"] > shared["stored_bytes"]
+    finally:
+        a.close()
+        b.close()
+    overlay.discard(a_path)
+    with closing(connect_overlay(b_path, base, pages=store)) as conn:
+        assert dump(conn) == b_dump
+    overlay.discard(b_path)
+    assert store_figures(store) is None
+
+
+def test_pages_are_freed_when_the_last_session_that_maps_them_resets(base, tmp_path):
+    store = tmp_path / "pages"
+    sessions = [tmp_path / f"s{i}.sqlite" for i in range(3)]
+    for session in sessions:
+        with closing(connect_overlay(session, base, pages=store)) as conn:
+            run_like_evaluator(conn, SIBLING_WRITES[:1])
+    one = store_figures(store)["stored_bytes"]
+    with closing(connect_overlay(sessions[2], base, pages=store)) as conn:
+        run_like_evaluator(conn, ["UPDATE customers SET city = printf('%0200d', id)"])
+    both = store_figures(store)["stored_bytes"]
+    assert both > one
+    overlay.discard(sessions[2])  # its own pages go, the shared ones stay
+    assert store_figures(store)["stored_bytes"] == one
+    assert store_figures(store)["mapped_bytes"] == 2 * one
+    overlay.discard(sessions[0])
+    assert store_figures(store)["stored_bytes"] == one
+    with closing(connect_overlay(sessions[1], base, pages=store)) as conn:
+        assert conn.execute("SELECT count(*) FROM orders WHERE note LIKE '000%'").fetchone()[0] > 0
+    overlay.discard(sessions[1])
+    assert store_figures(store) is None
+    assert not list(tmp_path.glob("pages-*"))
+
+
+def test_a_discarded_session_keeps_working_until_its_connection_closes(base, tmp_path):
+    store = tmp_path / "pages"
+    session = tmp_path / "s.sqlite"
+    conn = connect_overlay(session, base, pages=store)
+    run_like_evaluator(conn, SIBLING_WRITES)
+    overlay.discard(session)  # like unlinking an open file
+    assert conn.execute("SELECT count(*) FROM customers WHERE name = 'sibling'").fetchone() == (1,)
+    assert store_figures(store)["sessions"] == 1
+    with closing(connect_overlay(session, base, pages=store)) as fresh:  # the path is free again
+        assert fresh.execute(
+            "SELECT count(*) FROM customers WHERE name = 'sibling'"
+        ).fetchone() == (0,)
+    overlay.discard(session)
+    conn.close()
+    assert store_figures(store) is None
+
+
+def _open_shared_session(uri: str) -> str:
+    """Run in a spawned process: try to read a session whose state lives in its parent."""
+    from birdenv.replicas import overlay as ovl
+
+    assert ovl.available()
+    try:
+        with closing(sqlite3.connect(uri, uri=True)) as conn:
+            return repr(conn.execute("SELECT count(*) FROM customers").fetchall())
+    except sqlite3.OperationalError as exc:
+        return str(exc)
+
+
+def test_a_session_on_shared_pages_opens_only_where_it_lives(base, tmp_path):
+    """Its pages live in this process: another process, and a connection without the store, are
+    refused instead of shown a wrong view; so is a store of another base."""
+    store = tmp_path / "pages"
+    session = tmp_path / "s.sqlite"
+    with closing(connect_overlay(session, base, pages=store)) as conn:
+        run_like_evaluator(conn, SIBLING_WRITES)
+    with pytest.raises(sqlite3.OperationalError, match="unable to open"):
+        connect_overlay(session, base).execute("SELECT 1")
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as other:
+        answer = other.apply(
+            _open_shared_session, (overlay.session_uri(session, base, pages=store),)
+        )
+    assert answer == "unable to open database file"
+    other_base = build_base(tmp_path / "other.sqlite", customers=5, orders=5)
+    with pytest.raises(sqlite3.OperationalError, match="unable to open"):
+        connect_overlay(tmp_path / "t.sqlite", other_base, pages=store).execute("SELECT 1")
+    with pytest.raises(sqlite3.OperationalError, match="unable to open"):
+        connect_overlay(session, other_base, pages=store).execute("SELECT 1")
+    # a session with private pages cannot move onto a store either
+    private = tmp_path / "p.sqlite"
+    with closing(connect_overlay(private, base)) as conn:
+        run_like_evaluator(conn, SIBLING_WRITES[:1])
+    with pytest.raises(sqlite3.OperationalError, match="unable to open"):
+        connect_overlay(private, base, pages=store).execute("SELECT 1")
+    overlay.discard(private)
+    overlay.discard(session)
+    assert store_figures(store) is None
+
+
+def test_sessions_on_one_store_in_many_threads(base, tmp_path):
+    """Threads write and read their own sessions on one store at once (SQLite releases the GIL):
+    each ends exactly where a private copy fed the same statements ends."""
+    store = tmp_path / "pages"
+    copy = tmp_path / "copy.sqlite"
+    scripts = [
+        [*SIBLING_WRITES, f"UPDATE customers SET city = 'T{i % 2}' WHERE id % 5 = {i % 2}"]
+        for i in range(6)
+    ]
+    sessions = [tmp_path / f"s{i}.sqlite" for i in range(len(scripts))]
+
+    def work(i: int) -> list[str]:
+        with closing(connect_overlay(sessions[i], base, pages=store)) as conn:
+            for _ in range(3):  # the same statements again: rewrites of identical pages
+                run_like_evaluator(conn, scripts[i])
+                conn.execute("SELECT sum(length(note)) FROM orders").fetchall()
+            return check_db(conn)
+
+    with ThreadPoolExecutor(max_workers=6) as executor:
+        dumps = list(executor.map(work, range(len(scripts))))
+    for i, got in enumerate(dumps):
+        shutil.copyfile(base, copy)
+        with closing(sqlite3.connect(copy)) as conn:
+            for _ in range(3):
+                run_like_evaluator(conn, scripts[i])
+            assert got == check_db(conn), i
+    for session in sessions:
+        overlay.discard(session)
+    assert store_figures(store) is None
 
 
 # ----------------------------------------------------------------------------- misc contract
@@ -625,28 +857,29 @@ def test_session_uri_validation_and_files(tmp_path):
     uri = overlay.session_uri(tmp_path / "s", tmp_path / "b", max_bytes=10, mode="ro")
     assert uri.endswith("&maxbytes=10&mode=ro") and f"vfs={overlay.VFS_NAME}" in uri
     names = [p.name for p in overlay.session_files(tmp_path / "s")]
-    assert sorted(names) == sorted(["s", "s-ovl", "s-journal", "s-wal", "s-shm"])
+    assert sorted(names) == sorted(["s", "s-ovl", "s-shared", "s-journal", "s-wal", "s-shm"])
     overlay.discard(tmp_path / "never-existed")
 
 
-def test_read_only_session_and_no_fd_leaks(base, tmp_path):
+def test_read_only_session_and_no_fd_leaks(base, tmp_path, pages):
     def fds() -> int:
         return len(os.listdir("/proc/self/fd"))
 
     session = tmp_path / "s.sqlite"
     start = fds()
     for i in range(30):
-        with closing(connect_overlay(session, base)) as conn:
+        with closing(connect_overlay(session, base, pages=pages)) as conn:
             run_like_evaluator(conn, [f"INSERT INTO customers(name) VALUES ('fd{i}')", "SELEC"])
             conn.execute("CREATE TEMP TABLE t AS SELECT 1")
-        with closing(connect_overlay(session, base, mode="ro")) as conn:
+        with closing(connect_overlay(session, base, mode="ro", pages=pages)) as conn:
             assert conn.execute(
                 "SELECT count(*) FROM customers WHERE name LIKE 'fd%'"
             ).fetchone() == (i + 1,)
             with pytest.raises(sqlite3.OperationalError, match="readonly"):
                 conn.execute("DELETE FROM customers")
         with pytest.raises(sqlite3.OperationalError):
-            connect_overlay(tmp_path / "x.sqlite", tmp_path / "nope.sqlite")
+            connect_overlay(tmp_path / "x.sqlite", tmp_path / "nope.sqlite", pages=pages)
+    overlay.discard(session)  # a page store's files stay open until its last session goes
     assert fds() == start
 
 
@@ -691,8 +924,10 @@ def test_base_of_another_size_is_refused(base, tmp_path):
 
 
 @pytest.mark.parametrize("base_size", [0, 700, 4096, 50_000])
-def test_file_level_fuzz(tmp_path, base_size):
-    """Random unaligned writes, reads, truncations, reopens and a second handle vs a mirror."""
+def test_file_level_fuzz(tmp_path, base_size, pages):
+    """Random unaligned and page-sized writes (often of the twin session's or the base's bytes),
+    reads, truncations, reopens, discards and a second handle, on two sessions vs mirrors; with
+    shared pages also the store's books, and no store left after both are discarded."""
     from birdenv.replicas import _overlay
 
     rng = random.Random(base_size)
@@ -701,6 +936,11 @@ def test_file_level_fuzz(tmp_path, base_size):
     for seed in range(1, 6):
         session = tmp_path / f"s{seed}"
         _overlay._selftest(
-            overlay.VFS_NAME, str(session), str(base_path), seed * 7919 + base_size, 1500
+            overlay.VFS_NAME,
+            str(session),
+            str(base_path),
+            seed * 7919 + base_size,
+            1500,
+            "" if pages is None else str(pages),
         )
         overlay.discard(session)

@@ -380,3 +380,43 @@ def test_settings_are_issued_again_after_others_touch_the_connection(
         other.close()
         assert s.execute("SELECT count(*) FROM customers").rows == [(3,)]
         assert s.execute("PRAGMA main.journal_mode").rows == [("wal",)]
+
+
+def test_rollouts_of_a_task_share_their_changed_pages(shop_tasks: list, tmp_path: Path) -> None:
+    """G sessions of one task that make the same changes keep one copy of each changed page; the
+    pages go when the last of them resets, and each session still sees only its own state."""
+    task = shop_tasks[0]
+    write = "INSERT INTO customers (name, city) SELECT name || '+', city FROM customers"
+    with ReplicaPool(root=tmp_path / "r") as pool:
+        if pool.strategy != "overlay":
+            pytest.skip("page sharing needs the overlay strategy")
+        sessions = [pool.session(task) for _ in range(4)]
+        for s in sessions:
+            for _ in range(9):  # 3 -> 1536 rows: several pages
+                assert s.execute(write).ok
+        stats = pool.stats()
+        assert stats["pages_stored_bytes"] > 0 and stats["pages_shared"] > 0
+        assert stats["pages_mapped_bytes"] == 4 * stats["pages_stored_bytes"]
+        assert sessions[0].execute("DELETE FROM customers WHERE id > 3").ok  # its own change
+        assert [s.execute("SELECT count(*) FROM customers").rows for s in sessions] == [
+            [(3,)],
+            [(1536,)],
+            [(1536,)],
+            [(1536,)],
+        ]
+        for s in sessions:
+            s.close()
+        stats = pool.stats()
+        assert stats["pages_stored_bytes"] == stats["pages_mapped_bytes"] == 0
+        files = [p.name for p in pool.sessions_dir.glob(f"{pool._prefix}-*") if p.suffix != ".lock"]
+        assert files == []
+
+
+def test_pages_stay_private_when_sharing_is_off(shop_tasks: list, tmp_path: Path) -> None:
+    with (
+        ReplicaPool(root=tmp_path / "r", share_pages=False) as pool,
+        pool.session(shop_tasks[0]) as s,
+    ):
+        assert s.execute("UPDATE customers SET city = 'Oslo'").ok
+        assert "pages_stored_bytes" not in pool.stats()
+        assert s.execute("SELECT DISTINCT city FROM customers").rows == [("Oslo",)]

@@ -5,6 +5,12 @@ open it with the stdlib as ``sqlite3.connect(session_uri(P, base), uri=True)``. 
 session writes lands in ``P``; the base is never written. Resetting a session is
 :func:`discard` (unlink its files), O(1) whatever the base size.
 
+With ``session_uri(..., pages=prefix)`` the sessions of one process that name the same page store
+keep each distinct changed page once: pages are content-addressed (hashed, then compared byte for
+byte), reference-counted, never changed once written, and freed when the last session that maps
+them is discarded. Such a session's state lives in its process (``P`` then only carries its locks),
+so only that process can open it; :func:`discard` is then also what releases its pages.
+
 The VFS registers into the ``libsqlite3`` the extension links. That only helps when Python's
 ``_sqlite3`` links the very same shared library; :func:`available` proves it end to end with a
 real round trip and never raises, so the pool can pick a fallback at start-up and say why.
@@ -25,8 +31,9 @@ VFS_NAME = "birdoverlay"
 """Name the VFS is registered under (never as the default VFS)."""
 
 # Files a session may leave beside P, in the order discard() removes them: the side file first,
-# so that an interrupted discard with no hot journal already reads as the pristine base.
-_SUFFIXES = ("-ovl", "-journal", "-wal", "-shm", "")
+# so that an interrupted discard with no hot journal already reads as the pristine base; then the
+# marker of a session on shared pages, which a session opened without them refuses.
+_SUFFIXES = ("-ovl", "-shared", "-journal", "-wal", "-shm", "")
 _MODES = ("ro", "rw", "rwc")
 
 
@@ -108,14 +115,18 @@ def session_uri(
     *,
     max_bytes: int | None = None,
     mode: str = "rwc",
+    pages: str | os.PathLike[str] | None = None,
 ) -> str:
     """Build the ``file:`` URI that opens the session at ``session_path`` over ``base_path``.
 
-    Pass it to ``sqlite3.connect(uri, uri=True)``. Both paths are made absolute and
+    Pass it to ``sqlite3.connect(uri, uri=True)``. All paths are made absolute and
     percent-encoded, so spaces, ``%``, ``?``, ``#``, ``&`` and ``=`` in them are safe.
     ``max_bytes`` caps the session's private data (and, separately, its ``-journal`` and
     ``-wal`` files): a write past it fails with "database or disk is full" and the session stays
     usable. ``mode`` is SQLite's ``mode`` parameter: ``"rwc"`` (default), ``"rw"`` or ``"ro"``.
+    ``pages`` names a content-addressed page store (its files are ``<pages>-<unit size>``) shared
+    with the other sessions of this process on the same base that name it; every connection to
+    the session must name it, and a store serves one base only.
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, not {mode!r}")
@@ -133,11 +144,14 @@ def session_uri(
     uri = f"file:{quote(session, safe='/')}?vfs={VFS_NAME}&base={quote(base, safe='/')}"
     if max_bytes is not None:
         uri += f"&maxbytes={max_bytes}"
+    if pages is not None:
+        uri += f"&pages={quote(os.path.abspath(os.fspath(pages)), safe='/')}"
     return f"{uri}&mode={mode}"
 
 
 def session_files(session_path: str | os.PathLike[str]) -> list[Path]:
-    """Every file a session may leave: ``P-ovl``, ``P-journal``, ``P-wal``, ``P-shm`` and ``P``.
+    """Every file a session may leave: ``P-ovl``, ``P-shared``, ``P-journal``, ``P-wal``, ``P-shm``
+    and ``P``.
 
     Used to reset a session and to sweep orphans; the order is the safe unlink order.
     """
@@ -146,11 +160,26 @@ def session_files(session_path: str | os.PathLike[str]) -> list[Path]:
 
 
 def discard(session_path: str | os.PathLike[str]) -> None:
-    """Delete a session's files (missing ones are fine), restoring the pristine base view.
+    """Delete a session's files (missing ones are fine), restoring the pristine base view, and
+    release the shared pages it maps.
 
-    Close every connection to the session first. Idempotent: if interrupted, call it again
-    before the session path is reused.
+    Close every connection to the session first (pages a connection still uses are released when
+    it closes). Idempotent: if interrupted, call it again before the session path is reused.
     """
+    if available():
+        # SQLite names a session by its real path (symbolic links resolved); so does the store.
+        _load().release(os.path.realpath(os.fspath(session_path)))
     for path in session_files(session_path):
         with suppress(FileNotFoundError):
             path.unlink()
+
+
+def page_stores() -> list[dict[str, int | str]]:
+    """Figures of this process's shared page stores, one dict each.
+
+    ``pages`` (the store's prefix), ``sessions`` on it, ``units`` and ``stored_bytes`` (distinct
+    pages held), ``mapped_bytes`` (what the sessions' changed pages would take unshared),
+    ``writes`` (pages written since the store opened) and ``shared_writes`` (those that found an
+    identical page already stored). Empty where the overlay is unavailable.
+    """
+    return _load().page_stores() if available() else []

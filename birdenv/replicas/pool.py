@@ -5,7 +5,9 @@ Two strategies behind one interface, chosen by a capability check at start-up:
 ``overlay``
     A session is a copy-on-write page overlay over the shared base (the C VFS in
     :mod:`birdenv.replicas.overlay`): opening costs O(1), the session's private disk holds only the
-    pages it changed, and reset is close + unlink, whatever the base size.
+    pages it changed, and reset is close + unlink, whatever the base size. The sessions of a pool
+    on one base share a content-addressed page store (``share_pages``): the G rollouts of a task
+    mostly write the same pages, and each distinct page is kept once.
 ``copy``
     The fallback where the overlay cannot register (a Python whose ``_sqlite3`` links SQLite
     statically, or no compiler at install time): a private full copy of the base per session,
@@ -202,7 +204,8 @@ class ReplicaPool:
     :data:`MEMORY_HEADROOM` free, new sessions go to ``{root}/sessions`` instead), ``strategy``
     (``"auto"``, ``"overlay"`` or ``"copy"``), ``limits`` (deadline and caps of every statement),
     ``max_sessions`` (open sessions at once in this process; ``None``: unbounded), ``timeout``
-    (seconds to wait for a free slot before :class:`PoolTimeoutError`).
+    (seconds to wait for a free slot before :class:`PoolTimeoutError`), ``share_pages`` (overlay
+    sessions on one base keep identical changed pages once; on by default).
     """
 
     def __init__(
@@ -214,6 +217,7 @@ class ReplicaPool:
         limits: Limits | None = None,
         max_sessions: int | None = None,
         timeout: float = 60.0,
+        share_pages: bool = True,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -231,6 +235,7 @@ class ReplicaPool:
         self.root = Path(root) if root is not None else default_root()
         self.limits = limits or Limits()
         self.timeout = timeout
+        self.share_pages = share_pages and strategy == "overlay"
         self.store = BaseStore(self.root)
         self.descriptors_raised_from = descriptors.raise_soft_limit()
         if self.descriptors_raised_from is not None:
@@ -392,7 +397,8 @@ class ReplicaPool:
     def _prepare(self, base: Base, path: Path):
         limit = self.limits.max_session_bytes
         if self.strategy == "overlay":
-            uri = overlay.session_uri(path, base.path, max_bytes=limit)
+            pages = self._pages(base, path.parent) if self.share_pages else None
+            uri = overlay.session_uri(path, base.path, max_bytes=limit, pages=pages)
 
             def connect() -> sqlite3.Connection:
                 conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
@@ -414,15 +420,19 @@ class ReplicaPool:
 
         return connect_copy
 
-    def _files(self, path: Path) -> list[Path]:
-        if self.strategy == "overlay":
-            return overlay.session_files(path)
-        return [Path(f"{path}{suffix}") for suffix in _COPY_SUFFIXES]
+    def _pages(self, base: Base, folder: Path) -> Path:
+        """The page store this pool's sessions on ``base`` in ``folder`` share (named like their
+        files, so a dead process's store is swept with them; beside them, so that sessions sent
+        to disk for lack of memory keep their pages on disk too)."""
+        return folder / f"{self._prefix}-pages-{base.sha256[:16]}"
 
     def _discard(self, path: Path) -> None:
-        for file in self._files(path):
+        if self.strategy == "overlay":
+            overlay.discard(path)
+            return
+        for suffix in _COPY_SUFFIXES:
             with contextlib.suppress(FileNotFoundError):
-                file.unlink()
+                Path(f"{path}{suffix}").unlink()
 
     def _release(self, session: Session) -> None:
         start = time.perf_counter()
@@ -468,11 +478,25 @@ class ReplicaPool:
         sessions sent to disk for lack of room in memory. ``bytes_on_disk`` is the bases plus the
         sessions' files, wherever they are. ``descriptor_limit`` is the soft limit now,
         ``descriptor_limit_raised_from`` what it was before this pool raised it (None: unchanged).
+
+        With shared pages, also ``pages_stored_bytes`` (distinct changed pages held),
+        ``pages_mapped_bytes`` (what the open sessions' changed pages would take unshared),
+        ``pages_written`` and ``pages_shared`` (written pages that found an identical one stored).
         """
         with self._lock:
             stats = dict(self._stats)
             stats["open_sessions"] = len(self._open)
             on_disk = sum(s.path.parent != self.sessions_dir for s in self._open)
+        if self.share_pages:
+            mine = [
+                s
+                for s in overlay.page_stores()
+                if Path(s["pages"]).name.startswith(f"{self._prefix}-pages-")
+            ]
+            stats["pages_stored_bytes"] = sum(s["stored_bytes"] for s in mine)
+            stats["pages_mapped_bytes"] = sum(s["mapped_bytes"] for s in mine)
+            stats["pages_written"] = sum(s["writes"] for s in mine)
+            stats["pages_shared"] = sum(s["shared_writes"] for s in mine)
         resets = stats.pop("reset_seconds")
         stats["mean_reset_ms"] = 1000 * resets / stats["resets"] if stats["resets"] else 0.0
         stats["strategy"] = self.strategy
