@@ -18,6 +18,10 @@ one with room, and on disk (``{root}/sessions``) otherwise: see :func:`default_s
 Opening a pool raises the process's soft limit on open files to its hard limit, since every
 session holds a few descriptors (:mod:`birdenv.replicas.descriptors`).
 
+The pool also keeps a :class:`~birdenv.replicas.results.ResultCache` (``share_results``): a
+read-only statement that a session runs on a state another of its sessions already had (same base,
+same history of changes) gets that session's result without running again.
+
 Any number of processes can share one pool root without partitions: every process holds an
 exclusive ``flock`` on its own lock file in each sessions folder while it lives, so a new pool
 recognises the session files of dead processes (their lock is free) and sweeps them.
@@ -45,7 +49,8 @@ from typing import Any, Protocol
 from birdenv.errors import PoolClosedError, PoolTimeoutError, PreprocessError
 from birdenv.files import home
 from birdenv.replicas import descriptors, overlay
-from birdenv.replicas.session import Limits, Session, run_statement
+from birdenv.replicas.results import ResultCache, initial_state
+from birdenv.replicas.session import Limits, Session
 from birdenv.replicas.store import Base, BaseStore
 
 __all__ = [
@@ -205,7 +210,9 @@ class ReplicaPool:
     (``"auto"``, ``"overlay"`` or ``"copy"``), ``limits`` (deadline and caps of every statement),
     ``max_sessions`` (open sessions at once in this process; ``None``: unbounded), ``timeout``
     (seconds to wait for a free slot before :class:`PoolTimeoutError`), ``share_pages`` (overlay
-    sessions on one base keep identical changed pages once; on by default).
+    sessions on one base keep identical changed pages once; on by default), ``share_results``
+    (sessions in the same state share read-only results; on by default) and
+    ``results_max_bytes`` (the memory that cache may hold).
     """
 
     def __init__(
@@ -218,6 +225,8 @@ class ReplicaPool:
         max_sessions: int | None = None,
         timeout: float = 60.0,
         share_pages: bool = True,
+        share_results: bool = True,
+        results_max_bytes: int = 64 << 20,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
@@ -236,6 +245,7 @@ class ReplicaPool:
         self.limits = limits or Limits()
         self.timeout = timeout
         self.share_pages = share_pages and strategy == "overlay"
+        self.results = ResultCache(results_max_bytes) if share_results else None
         self.store = BaseStore(self.root)
         self.descriptors_raised_from = descriptors.raise_soft_limit()
         if self.descriptors_raised_from is not None:
@@ -325,7 +335,7 @@ class ReplicaPool:
         if preprocess:
             for i, sql in enumerate(task.preprocess_sql, 1):
                 try:
-                    run_statement(session.conn, sql)
+                    session.prepare(sql)
                 except (sqlite3.Error, ValueError, OverflowError) as exc:
                     session.close()
                     raise PreprocessError(
@@ -354,15 +364,20 @@ class ReplicaPool:
         if self._slots is not None and not self._slots.acquire(timeout=wait):
             raise PoolTimeoutError(f"no free session slot within {wait:g} s")
         path = self._place(base) / f"{self._prefix}-{next(self._counter)}.db"
+        limits = limits or self.limits
         try:
             connect = self._prepare(base, path)
             session = Session(
                 path=path,
                 connect=connect,
-                limits=limits or self.limits,
+                limits=limits,
                 release=self._release,
                 task_id=task_id,
                 exclusive=exclusive,
+                results=self.results,
+                # everything that shapes a result besides the history: the base's bytes, the
+                # caps, and the locking mode
+                state=initial_state(base.sha256, limits, exclusive),
             )
         except BaseException as exc:
             out = isinstance(exc, (sqlite3.OperationalError, OSError)) and descriptors.exhausted()
@@ -479,7 +494,10 @@ class ReplicaPool:
         sessions' files, wherever they are. ``descriptor_limit`` is the soft limit now,
         ``descriptor_limit_raised_from`` what it was before this pool raised it (None: unchanged).
 
-        With shared pages, also ``pages_stored_bytes`` (distinct changed pages held),
+        With shared results, also ``results_lookups``, ``results_hits``, ``results_stored``,
+        ``results_evicted``, ``results_entries``, ``results_bytes`` and ``results_saved_seconds``
+        (what the statements answered from the cache took when they ran). With shared pages,
+        also ``pages_stored_bytes`` (distinct changed pages held),
         ``pages_mapped_bytes`` (what the open sessions' changed pages would take unshared),
         ``pages_written`` and ``pages_shared`` (written pages that found an identical one stored).
         """
@@ -487,6 +505,9 @@ class ReplicaPool:
             stats = dict(self._stats)
             stats["open_sessions"] = len(self._open)
             on_disk = sum(s.path.parent != self.sessions_dir for s in self._open)
+        if self.results is not None:
+            for name, value in self.results.stats().items():
+                stats[f"results_{name}"] = value
         if self.share_pages:
             mine = [
                 s

@@ -4,7 +4,9 @@ Statements run exactly the way the official BIRD-CRITIC evaluator runs them (see
 :func:`run_statement`), so what an agent sees while exploring is what the judge will see. Every
 statement is bounded: a deadline (progress handler), a row cap, a byte cap on the result, the
 strategy's own cap on the session's private disk, and the process's file descriptors (running out
-is a :class:`~birdenv.errors.DescriptorLimitError`, never SQLite's bare "unable to open").
+is a :class:`~birdenv.errors.DescriptorLimitError`, never SQLite's bare "unable to open"). A
+read-only result may come from a sibling trajectory that was in exactly the same state
+(:mod:`birdenv.replicas.results`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ from typing import Any
 from birdenv.errors import SessionClosedError
 from birdenv.replicas import descriptors
 from birdenv.replicas.guard import authorizer
+from birdenv.replicas.results import (
+    ResultCache,
+    StatementWatch,
+    advance,
+    is_transient,
+    volatile_tables,
+)
 
 __all__ = [
     "MAX_ROWS",
@@ -80,6 +89,9 @@ class Result:
     error: str | None
     elapsed: float
     timed_out: bool = False
+    #: The statement did not run: a sibling trajectory in the same state ran it (``elapsed`` is
+    #: then the time the lookup took).
+    shared: bool = False
 
     @property
     def ok(self) -> bool:
@@ -94,6 +106,14 @@ _EIGHTS = itertools.repeat(8)
 
 def _row_bytes(row: tuple[Any, ...]) -> int:
     return sum(map(operator.length_hint, row, _EIGHTS)) + 8
+
+
+def _result_bytes(sql: str, result: Result) -> int:
+    """About how much memory a stored result holds (rows sampled: results run to 10,000 rows)."""
+    rows = result.rows
+    sample = rows[:: max(1, len(rows) // 32)]
+    per_row = sum(_row_bytes(r) for r in sample) / len(sample) + 56 if sample else 0
+    return 256 + len(sql) + sum(len(c) for c in result.columns) + int(per_row * len(rows))
 
 
 def _fetch(cursor: sqlite3.Cursor, max_rows: int, max_bytes: int | None) -> tuple[list, bool]:
@@ -193,6 +213,11 @@ class Session:
     Created by :meth:`birdenv.replicas.ReplicaPool.session`; use it as a context manager. Writes
     persist across :meth:`execute` calls (and TEMP tables, pragmas and open transactions with them)
     and are invisible to every other session. ``conn`` is an ordinary ``sqlite3.Connection``.
+
+    Given a ``results`` cache and the digest of its starting ``state``, :meth:`execute` hands out
+    the stored result of a read-only statement a trajectory in the same state already ran, and
+    stores its own. Using ``conn`` or :meth:`connect` ends that for the session: its state is then
+    no longer the history of its statements.
     """
 
     def __init__(
@@ -204,6 +229,8 @@ class Session:
         release: Callable[[Session], None],
         task_id: str | None = None,
         exclusive: bool = False,
+        results: ResultCache | None = None,
+        state: bytes | None = None,
     ) -> None:
         self.path = path
         self.limits = limits
@@ -214,7 +241,10 @@ class Session:
         # nobody else has touched is the only one whose settings can be known.
         self._settled = False
         self._alone = True
-        self._conn: sqlite3.Connection | None = self._guarded()
+        self._results = results
+        self._state = state if results is not None else None
+        self._watch = StatementWatch() if self._state is not None else None
+        self._conn: sqlite3.Connection | None = self._guarded(self._watch or authorizer)
         if exclusive:
             # Set before the first WAL access, SQLite keeps the WAL index in heap memory instead
             # of a -shm file: 32 KiB less disk per session. Other connections to this session
@@ -228,10 +258,12 @@ class Session:
 
     @property
     def conn(self) -> sqlite3.Connection:
-        """The session's persistent connection."""
+        """The session's persistent connection (statements run on it are not tracked: using it
+        ends result sharing for this session)."""
         if self._conn is None:
             raise SessionClosedError("this session is closed; lease a new one from the pool")
         self._settled = False  # whoever holds it may change any setting
+        self._state = None
         return self._conn
 
     @property
@@ -240,18 +272,42 @@ class Session:
         return self._conn is None
 
     def connect(self) -> sqlite3.Connection:
-        """Open another guarded connection on this session's state (e.g. for test code)."""
+        """Open another guarded connection on this session's state (e.g. for test code); this ends
+        result sharing for the session."""
         # It can switch the state's journal mode under the session's connection, at any time.
         self._alone = self._settled = False
-        return self._guarded()
+        self._state = None
+        return self._guarded(authorizer)
 
-    def _guarded(self) -> sqlite3.Connection:
+    def _guarded(self, guard: Callable[..., int]) -> sqlite3.Connection:
         conn = self._connect()
-        conn.set_authorizer(authorizer)
+        conn.set_authorizer(guard)
         # The deadline cannot interrupt one function call: bound the size of any single value
         # (printf('%.*c', 9e8, 'x') would otherwise build a gigabyte before the next check).
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
         return conn
+
+    def prepare(self, sql: str) -> None:
+        """Run one statement that sets up the trajectory's starting state (a task's
+        ``preprocess_sql``), the evaluator's way and with no deadline; errors raise."""
+        conn = self._live()
+        changes = conn.total_changes
+        watch = self._watch if self._state is not None else None
+        self._settled = False  # a setup statement may change any setting
+        try:
+            if watch is not None:
+                watch.begin()  # a failing setting counts as a change of this statement's
+            apply_settings(conn)
+            if watch is not None:
+                watch.begin()
+            run_statement(conn, sql, settings=False)
+        except (sqlite3.Error, ValueError, OverflowError) as exc:
+            self._track(sql, None, str(exc), changes, conn.in_transaction)
+            raise
+        except BaseException:
+            self._state = None  # what it changed is unknown
+            raise
+        self._track(sql, None, None, changes, conn.in_transaction)
 
     def execute(self, sql: str, *, timeout: float | None = None) -> Result:
         """Run one statement; errors and timeouts come back in the :class:`Result`, never raised.
@@ -259,19 +315,65 @@ class Session:
         Running out of file descriptors is the host's fault, not the statement's: it raises
         :class:`~birdenv.errors.DescriptorLimitError`.
         """
-        conn = self._conn
-        if conn is None:
-            raise SessionClosedError("this session is closed; lease a new one from the pool")
+        conn = self._live()
         limit = timeout if timeout is not None else self.limits.statement_timeout
         start = time.monotonic()
+        key = None
+        if self._state is not None and not conn.in_transaction:
+            key = (self._state, sql, limit)
+            hit = self._results.get(key)  # type: ignore[union-attr]
+            if hit is not None:
+                return dataclasses.replace(
+                    hit,
+                    rows=list(hit.rows),
+                    columns=list(hit.columns),
+                    elapsed=time.monotonic() - start,
+                    shared=True,
+                )
+        watch = self._watch if self._state is not None else None
+        in_transaction, changes = conn.in_transaction, conn.total_changes
+        try:
+            result = self._run(conn, sql, limit, start, watch)
+        except BaseException:
+            self._state = None  # what it changed is unknown
+            raise
+        if watch is not None:
+            self._track(sql, result, result.error, changes, in_transaction, key)
+        if not result.columns and result.error is None and not conn.in_transaction:
+            # Every statement runs in WAL mode (as the official evaluator sets it). Checkpointing
+            # into the session file and truncating the WAL after a write keeps each changed page
+            # on disk once, not twice; it changes no result.
+            # main. only: an unqualified checkpoint also visits the TEMP database and fails with
+            # "database table is locked" after CREATE TEMP TABLE ... AS SELECT.
+            with contextlib.suppress(sqlite3.Error):  # an optimisation: never the statement's error
+                conn.execute("PRAGMA main.wal_checkpoint(TRUNCATE)")
+        return result
+
+    def _live(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise SessionClosedError("this session is closed; lease a new one from the pool")
+        return self._conn
+
+    def _run(
+        self,
+        conn: sqlite3.Connection,
+        sql: str,
+        limit: float | None,
+        start: float,
+        watch: StatementWatch | None,
+    ) -> Result:
         deadline = start + limit if limit is not None else None
         # The official settings are issued before every statement. Once they are in force, issuing
         # them again changes nothing until a statement changes them, and only a PRAGMA can (on
         # this connection: others are ruled out by _alone): ~7 us saved per statement.
         settled, self._settled = self._settled, False
         try:
+            if watch is not None:
+                watch.begin()  # a failing setting counts as a change of this statement's
             if not settled:
                 settled = apply_settings(conn)
+            if watch is not None:
+                watch.begin()
             rows, columns, truncated = run_statement(
                 conn,
                 sql,
@@ -300,16 +402,48 @@ class Session:
                 settled and self._alone and isinstance(sql, str) and "pragma" not in sql.lower()
             )
         rows = rows or []
-        elapsed = time.monotonic() - start
-        if not columns and not conn.in_transaction:
-            # Every statement runs in WAL mode (as the official evaluator sets it). Checkpointing
-            # into the session file and truncating the WAL after a write keeps each changed page
-            # on disk once, not twice; it changes no result.
-            # main. only: an unqualified checkpoint also visits the TEMP database and fails with
-            # "database table is locked" after CREATE TEMP TABLE ... AS SELECT.
-            with contextlib.suppress(sqlite3.Error):  # an optimisation: never the statement's error
-                conn.execute("PRAGMA main.wal_checkpoint(TRUNCATE)")
-        return Result(columns, rows, len(rows), truncated, None, elapsed)
+        return Result(columns, rows, len(rows), truncated, None, time.monotonic() - start)
+
+    def _track(
+        self,
+        sql: str,
+        result: Result | None,
+        error: str | None,
+        changes: int,
+        in_transaction: bool,
+        key: Any = None,
+    ) -> None:
+        """Share a read-only result, or fold a change into the state (see :mod:`.results`)."""
+        if self._state is None or self._watch is None or self._conn is None:
+            return
+        effect = self._watch.effect(sql)
+        conn = self._conn
+        changed = (
+            effect.changes or in_transaction or conn.in_transaction or conn.total_changes != changes
+        )
+        timed_out = result is not None and result.timed_out
+        if not changed:
+            if (
+                key is not None
+                and result is not None
+                and not (effect.volatile or timed_out or is_transient(error))
+            ):
+                # stored apart from what the caller gets, so that nothing the caller does to its
+                # result reaches a sibling
+                kept = dataclasses.replace(
+                    result, rows=tuple(result.rows), columns=tuple(result.columns)
+                )
+                self._results.put(key, kept, _result_bytes(sql, result))  # type: ignore[union-attr]
+            return
+        if (
+            effect.volatile
+            or timed_out
+            or is_transient(error)
+            or volatile_tables(conn, effect.written)
+        ):
+            self._state = None  # this trajectory's state is its own from now on
+            return
+        self._state = advance(self._state, sql, error, conn.total_changes - changes)
 
     def close(self) -> None:
         """Close the connection and give the state back to the pool (idempotent)."""
