@@ -806,6 +806,34 @@ def test_a_session_on_shared_pages_opens_only_where_it_lives(base, tmp_path):
     assert store_figures(store) is None
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_leaves_its_parents_pages_alone(base, tmp_path):
+    """A child inherits the parent's connections and page stores; closing and discarding the
+    session there (as a forked copy of a pool or an environment would) must not free, punch out
+    or unlink anything of the parent's."""
+    store = tmp_path / "pages"
+    session = tmp_path / "s.sqlite"
+    conn = connect_overlay(session, base, pages=store)
+    run_like_evaluator(conn, [*SIBLING_WRITES, "PRAGMA wal_checkpoint(TRUNCATE)"])
+    expected, figures = dump(conn), store_figures(store)
+    assert figures["stored_bytes"] > 1 << 20  # enough freed in the child to give disk back
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest from here on, only an exit status
+        try:
+            conn.close()
+            overlay.discard(session)
+        finally:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert dump(conn) == expected
+    assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    assert store_figures(store) == figures
+    assert list(tmp_path.glob("pages-*"))
+    conn.close()
+    overlay.discard(session)
+    assert store_figures(store) is None
+
+
 def test_sessions_on_one_store_in_many_threads(base, tmp_path):
     """Threads write and read their own sessions on one store at once (SQLite releases the GIL):
     each ends exactly where a private copy fed the same statements ends."""

@@ -10,10 +10,12 @@ reopens. Each session has a reference: plain ``sqlite3`` on ``shutil.copy`` of t
 the same statements. After every step every session must give the reference's results and errors,
 the same contents, schema and ``PRAGMA integrity_check``, and the base's bytes must be unchanged.
 
-Three drivers: ``vfs`` (raw connections on :func:`birdenv.replicas.overlay.session_uri`, explicit
-transactions, every pragma) and the replica pool's ``overlay`` and ``copy`` strategies (statements
-through :meth:`Session.execute`, the evaluator's way; the reference runs them with
-:func:`run_statement` under the same guard).
+Four drivers: ``vfs`` (raw connections on :func:`birdenv.replicas.overlay.session_uri`, explicit
+transactions, every pragma), ``vfs-shared`` (the same, with the sessions' pages in one shared,
+content-addressed store) and the replica pool's ``overlay`` and ``copy`` strategies (statements
+through :meth:`Session.execute`, the evaluator's way, with shared pages and shared results; the
+invariant reads the sessions through ``execute`` too, so sessions in the same state share those
+results; the reference runs them with :func:`run_statement` under the same guard).
 
 Default run: a few examples (``FUZZ_EXAMPLES``, default 30; about 10 s). The campaign is the slow
 test: it runs for ``FUZZ_MINUTES`` (default 30), records every failure, and prints the counts::
@@ -35,6 +37,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
@@ -61,7 +64,8 @@ pytestmark = pytest.mark.skipif(
 
 PAGE_SIZES = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
 JOURNAL_MODES = ["DELETE", "TRUNCATE", "PERSIST", "MEMORY", "WAL", "OFF"]
-DRIVERS = ["vfs", "vfs", "overlay", "copy"]  # the raw VFS is the one that matters most
+DRIVERS = ["vfs", "vfs-shared", "overlay", "copy"]
+RAW = ("vfs", "vfs-shared")  # raw connections: explicit transactions, every pragma
 MAX_SESSIONS = 3
 
 BASE_SQL = """
@@ -165,7 +169,7 @@ def statements(draw: st.DrawFn, driver: str) -> list[str]:
         f"ROLLBACK TO sp{n % 3}",
         f"RELEASE sp{n % 3}",
     ]
-    if driver == "vfs":
+    if driver in RAW:
         # The pool's sessions force WAL before every statement (as the evaluator does) and keep
         # the guard, so journal modes, page sizes and cache sizes are the raw VFS's business.
         options += [
@@ -180,7 +184,7 @@ def statements(draw: st.DrawFn, driver: str) -> list[str]:
         ]
     if draw(st.integers(0, 9)) == 0:
         seq = [f"PRAGMA page_size = {draw(st.sampled_from(PAGE_SIZES))}", "VACUUM"]
-        if driver == "vfs" and draw(st.booleans()):
+        if driver in RAW and draw(st.booleans()):
             seq.insert(0, "PRAGMA journal_mode = DELETE")  # WAL forbids a page size change
         return seq
     if draw(st.integers(0, 7)) == 0:  # a small transaction that is rolled back
@@ -219,11 +223,15 @@ os._exit(0)
 # ------------------------------------------------------------------------ views and drivers
 
 
-def view(conn: sqlite3.Connection) -> list:
-    """Everything observable: schema, every table's rows (sorted), TEMP objects, integrity."""
+def view(conn: sqlite3.Connection | Callable[[str], list]) -> list:
+    """Everything observable: schema, every table's rows (sorted), TEMP objects, integrity.
+
+    ``conn`` is a connection, or a function that answers a query with its rows."""
     out: list = []
 
     def q(sql: str) -> list:
+        if callable(conn) and not isinstance(conn, sqlite3.Connection):
+            return conn(sql)
         try:
             return conn.execute(sql).fetchall()
         except sqlite3.Error as exc:
@@ -243,6 +251,17 @@ def view(conn: sqlite3.Connection) -> list:
     out.append(q("PRAGMA freelist_count"))
     out.append(q("PRAGMA auto_vacuum"))
     return out
+
+
+def session_view(session) -> list:
+    """:func:`view` of a pool session, read through ``Session.execute`` (so results are shared
+    between sessions in the same state, and the session stays eligible for sharing)."""
+
+    def q(sql: str) -> list:
+        result = session.execute(sql)
+        return result.rows if result.error is None else [("error", result.error)]
+
+    return view(q)
 
 
 def raw_execute(conn: sqlite3.Connection, sql: str) -> tuple:
@@ -292,13 +311,14 @@ class Campaign(RuleBasedStateMachine):
         template = build_base(
             self.tmp / "dbs" / "fz" / "fz_template.sqlite", page_size, base_journal, rows, blob
         )
-        if driver == "vfs":
+        self.pages = self.tmp / "pages" if driver == "vfs-shared" else None
+        if driver in RAW:
             self.base_path = template
             self.pool = None
         else:
-            self.pool = ReplicaPool(
-                root=self.tmp / "replicas", strategy=driver, limits=Limits(statement_timeout=30)
-            )
+            # no byte cap: the invariant's views are compared with uncapped reads
+            limits = Limits(statement_timeout=30, max_rows=10**6, max_result_bytes=None)
+            self.pool = ReplicaPool(root=self.tmp / "replicas", strategy=driver, limits=limits)
             self.task = parse_task({"instance_id": "fz", "db_id": "fz"}, db_dir=self.tmp / "dbs")
             self.base_path = self.pool.store.base_for(self.task.db_path).path
         self.base_sha = file_sha256(self.base_path)
@@ -311,8 +331,8 @@ class Campaign(RuleBasedStateMachine):
         if not ref_path.exists():
             shutil.copy(self.base_path, ref_path)
             ref_path.chmod(0o644)
-        if self.driver == "vfs":
-            uri = overlay.session_uri(self.tmp / f"s-{i}.db", self.base_path)
+        if self.driver in RAW:
+            uri = overlay.session_uri(self.tmp / f"s-{i}.db", self.base_path, pages=self.pages)
             pair = [
                 sqlite3.connect(uri, uri=True, isolation_level=None),
                 sqlite3.connect(ref_path, isolation_level=None),
@@ -334,9 +354,9 @@ class Campaign(RuleBasedStateMachine):
             self.sessions.append(pair[0])
             self.refs.append(pair[1])
 
-    def _conn(self, i: int) -> sqlite3.Connection:
+    def _view(self, i: int) -> list:
         s = self.sessions[i]
-        return s if isinstance(s, sqlite3.Connection) else s.conn
+        return view(s) if isinstance(s, sqlite3.Connection) else session_view(s)
 
     @rule(data=st.data(), which=st.integers(0, MAX_SESSIONS - 1))
     def step(self, data: st.DataObject, which: int) -> None:
@@ -346,7 +366,7 @@ class Campaign(RuleBasedStateMachine):
         type(self).steps += 1
         for sql in data.draw(statements(self.driver)):
             self.log.append(f"{which}: {sql}")
-            if self.driver == "vfs":
+            if self.driver in RAW:
                 got = raw_execute(self.sessions[which], sql)
                 expected = raw_execute(self.refs[which], sql)
             else:
@@ -361,7 +381,7 @@ class Campaign(RuleBasedStateMachine):
     @rule(which=st.integers(0, MAX_SESSIONS - 1))
     def reopen(self, which: int) -> None:
         """Close a session and its reference (an open transaction rolls back) and reopen both."""
-        if self.driver != "vfs" or not self.sessions:
+        if self.driver not in RAW or not self.sessions:
             return
         which %= len(self.sessions)
         self.log.append(f"{which}: <reopen>")
@@ -377,13 +397,13 @@ class Campaign(RuleBasedStateMachine):
         It must see what the reference's second connection sees, and the session's first
         connection must then see that connection's committed writes (the side file's generation).
         """
-        if self.driver != "vfs" or not self.sessions:
+        if self.driver not in RAW or not self.sessions:
             return
         which %= len(self.sessions)
         sql = data.draw(statements(self.driver))[0]
         self.log.append(f"{which}: <second connection> {sql}")
         type(self).other_rules += 1
-        uri = overlay.session_uri(self.tmp / f"s-{which}.db", self.base_path)
+        uri = overlay.session_uri(self.tmp / f"s-{which}.db", self.base_path, pages=self.pages)
         # timeout=0: a lock the first connection holds is an immediate, comparable "locked" error
         pair = [
             sqlite3.connect(uri, uri=True, isolation_level=None, timeout=0),
@@ -407,7 +427,8 @@ class Campaign(RuleBasedStateMachine):
         with a tiny page cache, so pages spill before commit, then dies without closing.
 
         The next access must recover the last committed state from the hot journal (or ignore
-        the WAL's uncommitted frames), exactly as the reference does.
+        the WAL's uncommitted frames), exactly as the reference does. (Not with shared pages: such
+        a session lives in its process, and another process is refused.)
         """
         if self.driver != "vfs" or not self.sessions or os.name != "posix":
             return
@@ -440,7 +461,7 @@ class Campaign(RuleBasedStateMachine):
     @invariant()
     def sessions_match_their_references(self) -> None:
         for i, ref in enumerate(self.refs):
-            got, expected = view(self._conn(i)), view(ref)
+            got, expected = self._view(i), view(ref)
             assert got == expected, (i, got, expected)
         if self.tmp is not None:
             assert file_sha256(self.base_path) == self.base_sha, "the base changed"
@@ -448,7 +469,7 @@ class Campaign(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             for i in range(len(self.sessions)):
-                if self.driver == "vfs":
+                if self.driver in RAW:
                     # Reopened from disk, each session must still match its reference.
                     self.sessions[i].close()
                     self.refs[i].close()
@@ -465,7 +486,10 @@ class Campaign(RuleBasedStateMachine):
             if self.tmp is not None:
                 assert file_sha256(self.base_path) == self.base_sha, "the base changed"
                 leftovers = [p.name for p in self.tmp.glob("s-*")]
+                leftovers += [p.name for p in self.tmp.glob("pages-*")]
                 assert not leftovers, leftovers
+                stores = [s for s in overlay.page_stores() if s["pages"].startswith(str(self.tmp))]
+                assert not stores, stores
         finally:
             if self.tmp is not None:
                 shutil.rmtree(self.tmp, ignore_errors=True)

@@ -734,6 +734,7 @@ typedef struct PgStore {
   ino_t baseIno;
   i64 baseSize;
   int nStates; /* session states attached */
+  pid_t owner; /* the process whose store this is; a forked child inherits a copy of it */
   pthread_mutex_t mu;
   PgClass cls[NCLASS];
   uint64_t nPuts, nShared; /* units stored, and those that found an identical stored unit */
@@ -761,7 +762,9 @@ typedef struct ShState {
   i64 gCap, gLen;
 } ShState;
 
-/* The registry: guarded by gMu, which is never taken while a state or store lock is held. */
+/* The registry: guarded by gMu, which is never taken while a state or store lock is held. A forked
+ * child inherits a copy of it, and of the store files' descriptors: it must neither use nor free
+ * what it inherited (freeing would punch holes in its parent's pages), see inherited(). */
 static pthread_mutex_t gMu = PTHREAD_MUTEX_INITIALIZER;
 static PgStore *gStores;
 static ShState *gStates;
@@ -770,6 +773,8 @@ static void atforkPrepare(void) { pthread_mutex_lock(&gMu); }
 static void atforkParent(void) { pthread_mutex_unlock(&gMu); }
 static void atforkChild(void) { pthread_mutex_unlock(&gMu); }
 static void registerAtfork(void) { pthread_atfork(atforkPrepare, atforkParent, atforkChild); }
+
+static int inherited(const PgStore *s) { return s->owner != getpid(); }
 
 static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 static uint64_t load64(const uint8_t *p) {
@@ -1114,6 +1119,7 @@ static void stateFree(ShState *st) {
 
 /* Drop one reference (gMu not held); the last one frees the state and its pages. */
 static void stateUnref(ShState *st) {
+  if (inherited(st->store)) return; /* the parent's: kept, unused */
   pthread_mutex_lock(&gMu);
   const int last = --st->nRef == 0;
   pthread_mutex_unlock(&gMu);
@@ -1133,7 +1139,7 @@ static int shRelease(const char *zPath) {
   ShState *dead = NULL, *st;
   pthread_mutex_lock(&gMu);
   for (st = gStates; st; st = st->next)
-    if (strcmp(st->zPath, zPath) == 0) break;
+    if (strcmp(st->zPath, zPath) == 0 && !inherited(st->store)) break;
   if (st) dead = stateUnregister(st);
   pthread_mutex_unlock(&gMu);
   if (dead) stateFree(dead);
@@ -1153,6 +1159,7 @@ static PgStore *storeNew(const char *zPages, int baseFd, const struct stat *bst)
   s->baseDev = bst->st_dev;
   s->baseIno = bst->st_ino;
   s->baseSize = bst->st_size;
+  s->owner = getpid();
   s->trimFloor = (i64)1 << 20;
   pthread_mutex_init(&s->mu, NULL);
   for (int k = 0; k < NCLASS; k++) {
@@ -1184,7 +1191,7 @@ static int shAttach(const char *zPath, const char *zPages, int baseFd, const str
   }
   pthread_mutex_lock(&gMu);
   for (st = gStates; st; st = st->next)
-    if (strcmp(st->zPath, zPath) == 0) break;
+    if (strcmp(st->zPath, zPath) == 0 && !inherited(st->store)) break;
   if (st && (stat(zMarker, &mst) != 0 || mst.st_dev != st->markerDev || mst.st_ino != st->markerIno)) {
     stale = stateUnregister(st); /* its files were deleted without a release: a fresh session */
     st = NULL;
@@ -1200,7 +1207,7 @@ static int shAttach(const char *zPath, const char *zPages, int baseFd, const str
   }
   if (stat(zOvl, &pst) == 0 || (stat(zPath, &pst) == 0 && pst.st_size > 0)) goto unlock;
   for (s = gStores; s; s = s->next)
-    if (strcmp(s->zPrefix, zPages) == 0) break;
+    if (strcmp(s->zPrefix, zPages) == 0 && !inherited(s)) break;
   if (s && (s->baseDev != bst->st_dev || s->baseIno != bst->st_ino || s->baseSize != bst->st_size))
     goto unlock; /* one store, one base */
   do {
@@ -1247,9 +1254,9 @@ out:
 
 /* ---------------------------------------------------------------- shared pages: io methods */
 
-/* Fill buf with the logical bytes [off, off+n) of a session (zeros past its end). The caller
- * holds the state lock when `locked`. */
-static int shReadView(OvlFile *p, uint8_t *buf, i64 off, i64 n, int locked) {
+/* Fill buf with the logical bytes [off, off+n) of a session (zeros past its end), and say how
+ * long the file is in *pSize. The caller holds the state lock when `locked`. */
+static int shReadView(OvlFile *p, uint8_t *buf, i64 off, i64 n, int locked, i64 *pSize) {
   ShState *st = p->sh;
   PgStore *s = st->store;
   const i64 b0 = off / OVL_BLK, b1 = (off + n + OVL_BLK - 1) / OVL_BLK;
@@ -1260,8 +1267,13 @@ static int shReadView(OvlFile *p, uint8_t *buf, i64 off, i64 n, int locked) {
    * block a reader uses from being remapped meanwhile, and a mapped slot is never rewritten. */
   if (!locked) pthread_mutex_lock(&st->mu);
   const i64 size = st->size, baseLimit = st->baseLimit;
-  for (i64 b = b0; b < b1; b++) locs[b - b0] = st->gLen ? mapGet(st, b) : 0;
+  const ShGroup *g = NULL;
+  for (i64 b = b0; b < b1; b++) {
+    if (b == b0 || b % GRP == 0) g = st->gLen ? grpFind(st, b / GRP) : NULL; /* once a group */
+    locs[b - b0] = g ? g->loc[b % GRP] : 0;
+  }
   if (!locked) pthread_mutex_unlock(&st->mu);
+  if (pSize) *pSize = size;
   int rc = SQLITE_OK;
   const i64 end = off + n;
   for (i64 pos = off, segEnd; pos < end && rc == SQLITE_OK; pos = segEnd) {
@@ -1297,22 +1309,9 @@ static int shReadView(OvlFile *p, uint8_t *buf, i64 off, i64 n, int locked) {
 }
 
 static int shRead(sqlite3_file *pFile, void *zBuf, int iAmt, i64 iOfst) {
-  OvlFile *p = (OvlFile *)pFile;
-  pthread_mutex_lock(&p->sh->mu);
-  const i64 size = p->sh->size;
-  pthread_mutex_unlock(&p->sh->mu);
-  if (iOfst >= size) {
-    memset(zBuf, 0, (size_t)iAmt);
-    return SQLITE_IOERR_SHORT_READ;
-  }
-  if (iOfst + iAmt > size) {
-    const i64 n = size - iOfst;
-    int rc = shReadView(p, zBuf, iOfst, n, 0);
-    if (rc) return rc;
-    memset((uint8_t *)zBuf + n, 0, (size_t)(iAmt - n));
-    return SQLITE_IOERR_SHORT_READ;
-  }
-  return shReadView(p, zBuf, iOfst, iAmt, 0);
+  i64 size;
+  int rc = shReadView((OvlFile *)pFile, zBuf, iOfst, iAmt, 0, &size); /* zeros past the end */
+  return rc == SQLITE_OK && iOfst + iAmt > size ? SQLITE_IOERR_SHORT_READ : rc;
 }
 
 /* Does data, n bytes at pos, equal what the base shows there (its bytes below the base limit,
@@ -1401,6 +1400,7 @@ static int shWrite(sqlite3_file *pFile, const void *zBuf, int iAmt, i64 iOfst) {
   OvlFile *p = (OvlFile *)pFile;
   ShState *st = p->sh;
   if (p->readOnly) return SQLITE_READONLY;
+  if (inherited(st->store)) return SQLITE_IOERR_WRITE;
   if (iAmt <= 0) return SQLITE_OK;
   const i64 S = iOfst / OVL_BLK * OVL_BLK;
   const i64 E = (iOfst + iAmt + OVL_BLK - 1) / OVL_BLK * OVL_BLK;
@@ -1411,7 +1411,7 @@ static int shWrite(sqlite3_file *pFile, const void *zBuf, int iAmt, i64 iOfst) {
   if (S != iOfst || E != iOfst + iAmt) {
     /* partial blocks: compose whole blocks from the current view (never happens for pages) */
     if (!(tmp = sqlite3_malloc64((sqlite3_uint64)(E - S)))) rc = SQLITE_NOMEM;
-    else rc = shReadView(p, tmp, S, E - S, 1);
+    else rc = shReadView(p, tmp, S, E - S, 1, NULL);
     if (rc == SQLITE_OK) memcpy(tmp + (iOfst - S), zBuf, (size_t)iAmt);
     data = tmp;
   } else if ((iAmt & (iAmt - 1)) == 0 && iOfst % iAmt == 0) {
@@ -1431,6 +1431,7 @@ static int shTruncate(sqlite3_file *pFile, i64 size) {
   PgStore *s = st->store;
   int rc = SQLITE_OK;
   if (p->readOnly) return SQLITE_READONLY;
+  if (inherited(s)) return SQLITE_IOERR_TRUNCATE;
   if (size < 0) size = 0;
   pthread_mutex_lock(&st->mu);
   if (size < st->size) {
@@ -1440,7 +1441,7 @@ static int shTruncate(sqlite3_file *pFile, i64 size) {
        * there, so that they read as zeros if the file grows again */
       uint8_t blk[OVL_BLK];
       const i64 at = size / OVL_BLK * OVL_BLK;
-      rc = shReadView(p, blk, at, OVL_BLK, 1);
+      rc = shReadView(p, blk, at, OVL_BLK, 1, NULL);
       if (rc == SQLITE_OK) {
         memset(blk + (size - at), 0, (size_t)(OVL_BLK - (size - at)));
         rc = shMapUnits(p, blk, at / OVL_BLK, 1, -1);
@@ -2125,10 +2126,11 @@ static PyObject *py_page_stores(PyObject *self, PyObject *noargs) {
   Py_ssize_t n = 0, i;
   int oom = 0;
   pthread_mutex_lock(&gMu);
-  for (PgStore *s = gStores; s; s = s->next) n++;
+  for (PgStore *s = gStores; s; s = s->next) n += !inherited(s);
   if (n && !(fig = calloc((size_t)n, sizeof *fig))) oom = 1;
   i = 0;
-  for (PgStore *s = gStores; s && !oom; s = s->next, i++) {
+  for (PgStore *s = gStores; s && !oom; s = s->next) {
+    if (inherited(s)) continue;
     pthread_mutex_lock(&s->mu);
     fig[i].zPrefix = strdup(s->zPrefix);
     fig[i].sessions = s->nStates;
@@ -2138,7 +2140,7 @@ static PyObject *py_page_stores(PyObject *self, PyObject *noargs) {
     fig[i].puts = s->nPuts;
     fig[i].shared = s->nShared;
     pthread_mutex_unlock(&s->mu);
-    oom = !fig[i].zPrefix;
+    oom = !fig[i++].zPrefix;
   }
   pthread_mutex_unlock(&gMu);
   PyObject *out = oom ? NULL : PyList_New(0);
