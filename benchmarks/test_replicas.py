@@ -50,14 +50,18 @@ def _tables(template: Path) -> list[str]:
         conn.close()
 
 
+def _named_tables(task: Task, tables: list[str]) -> list[str]:
+    """The tables the issue SQL names (all of them when it names none)."""
+    text = " ".join(task.issue_sql).lower()
+    return [t for t in tables if re.search(rf'\b"?{re.escape(t.lower())}"?\b', text)] or tables
+
+
 def script(task: Task, tables: list[str]) -> list[str]:
     """The scripted trajectory after preprocess: three exploratory SELECTs, the issue SQL, the gold SQL.
 
     The exploration looks at the table the issue SQL names first (what an agent would do).
     """
-    text = " ".join(task.issue_sql).lower()
-    named = [t for t in tables if re.search(rf'\b"?{re.escape(t.lower())}"?\b', text)]
-    table = (named or tables)[0]
+    table = _named_tables(task, tables)[0]
     return [
         "SELECT name, type FROM sqlite_master ORDER BY name",
         f'SELECT * FROM "{table}" LIMIT 5',
@@ -389,6 +393,104 @@ def test_page_write_cost(benchmark, db_paths, tmp_path) -> None:
                 1e6 * (med[name] - med["private"]) / max(pages[kind], 1)
             )
     benchmark.extra_info.update(info)
+
+
+# -- 1c. result sharing between sibling rollouts -------------------------------------------------
+STAGE4_TASKS_PER_STEP = 8
+STAGE4_STEPS = 4
+STAGE4_TURNS = 5  # execute_sql turns per rollout (the reference stage 4 allows at most 5)
+SCHEMA_QUERY = "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view') ORDER BY name"
+
+
+def rollout_turns(task: Task, tables: list[str], rng: random.Random) -> list[str]:
+    """One rollout's ``execute_sql`` turns, drawn the way a sampling policy explores.
+
+    Turn 1 is the schema listing with probability 0.8 (what the smoke run's rollouts open with),
+    else a look at a table. Each later turn: with probability 0.35 the next statement of the issue
+    SQL (reproduce the problem), 0.35 an exploration (5 or 10 rows, a count, or the columns of a
+    table the issue names, or the schema again), 0.3 the next statement of the gold fix (which may
+    write: then siblings' states part ways).
+    """
+    named = _named_tables(task, tables)
+    explore = [SCHEMA_QUERY]
+    for table in named[:3]:
+        explore += [
+            f'SELECT * FROM "{table}" LIMIT 5',
+            f'SELECT * FROM "{table}" LIMIT 10',
+            f'SELECT COUNT(*) FROM "{table}"',
+            f'PRAGMA table_info("{table}")',
+        ]
+    issue, gold = list(task.issue_sql), list(task.sol_sql)
+    turns = [SCHEMA_QUERY if rng.random() < 0.8 else rng.choice(explore[1:] or explore)]
+    while len(turns) < STAGE4_TURNS:
+        draw = rng.random()
+        if draw < 0.35 and issue:
+            turns.append(issue.pop(0))
+        elif draw < 0.65 or not gold:
+            turns.append(rng.choice(explore))
+        else:
+            turns.append(gold.pop(0))
+    return turns
+
+
+def _stage4(pool: ReplicaPool, plan: list[list[tuple[Task, list[str]]]]) -> dict[str, float]:
+    """Every step's rollouts turn by turn (as a vector env steps them); SQL seconds and counts."""
+    sql_seconds = calls = shared = 0
+    for step in plan:
+        sessions = [pool.session(task, exclusive=True) for task, _ in step]  # as the env leases
+        try:
+            for turn in range(STAGE4_TURNS):
+                for session, (_, turns) in zip(sessions, step, strict=True):
+                    result = session.execute(turns[turn])
+                    sql_seconds += result.elapsed
+                    calls += 1
+                    shared += result.shared
+        finally:
+            for session in sessions:
+                session.close()
+    return {"sql_seconds": sql_seconds, "calls": calls, "shared": shared}
+
+
+@pytest.mark.parametrize("group", [4, 16])
+def test_result_sharing_stage4(benchmark, all_tasks, rng, tmp_path, group) -> None:
+    """Stage-4 shape: steps of 8 tasks x G rollouts of 5 ``execute_sql`` turns (drawn by
+    :func:`rollout_turns`, each rollout its own seed), run turn by turn on a pool that shares
+    results and on one that does not; the same rollouts on both, steps alternating between them."""
+    tables = {t.db_id: _tables(t.db_path) for t in all_tasks}
+    plan = [
+        [
+            (task, rollout_turns(task, tables[task.db_id], random.Random(rng.random())))
+            for task in rng.sample(all_tasks, STAGE4_TASKS_PER_STEP)
+            for _ in range(group)
+        ]
+        for _ in range(STAGE4_STEPS)
+    ]
+    totals = {True: Counter(), False: Counter()}
+    with (
+        ReplicaPool(root=tmp_path / "shared") as on,
+        ReplicaPool(root=tmp_path / "alone", share_results=False) as off,
+    ):
+        for step in plan:
+            for share, pool in ((True, on), (False, off)):
+                totals[share].update(_stage4(pool, [step]))
+        stats = on.stats()
+        benchmark.pedantic(_stage4, args=(on, plan[:1]), rounds=1, iterations=1)
+    reads = stats["results_lookups"]
+    benchmark.extra_info.update(
+        group=group,
+        rollouts=STAGE4_STEPS * STAGE4_TASKS_PER_STEP * group,
+        execute_calls=totals[True]["calls"],
+        shared_results=totals[True]["shared"],
+        hit_rate=totals[True]["shared"] / totals[True]["calls"],
+        hit_rate_of_lookups=stats["results_hits"] / reads if reads else 0.0,
+        sql_seconds_shared=totals[True]["sql_seconds"],
+        sql_seconds_unshared=totals[False]["sql_seconds"],
+        sql_time_saved=1 - totals[True]["sql_seconds"] / totals[False]["sql_seconds"],
+        sql_speedup=totals[False]["sql_seconds"] / totals[True]["sql_seconds"],
+        cache_saved_seconds=stats["results_saved_seconds"],
+        cache_bytes=stats["results_bytes"],
+        cache_entries=stats["results_entries"],
+    )
 
 
 # -- 2. reset latency vs database size ---------------------------------------------------------
