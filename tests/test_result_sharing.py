@@ -448,6 +448,7 @@ def test_sharing_rules(lab, name) -> None:
 
 def test_the_property_test_compares_and_shares() -> None:
     """The examples above (run first, in file order) really compared results and hit the cache."""
+    print(f"\nresult sharing: {Counts.compared} results compared, {Counts.hits} shared")
     assert Counts.compared > 500 and Counts.hits > 200, (Counts.compared, Counts.hits)
 
 
