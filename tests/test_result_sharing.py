@@ -43,6 +43,9 @@ CREATE TABLE tokens (id INTEGER PRIMARY KEY, token DEFAULT (hex(randomblob(8))))
 CREATE TABLE stamps (id INTEGER PRIMARY KEY, at TEXT DEFAULT CURRENT_TIMESTAMP);
 CREATE TABLE events (id INTEGER PRIMARY KEY, kind TEXT);
 CREATE TRIGGER events_token AFTER INSERT ON events BEGIN INSERT INTO tokens(id) VALUES (NULL); END;
+CREATE TRIGGER events_roll AFTER UPDATE OF kind ON events
+BEGIN UPDATE events SET kind = kind || abs(random() % 6) WHERE id = new.id; END;
+INSERT INTO events VALUES (1, 'seed');
 CREATE TABLE edge (id INTEGER PRIMARY KEY, v TEXT);
 INSERT INTO edge VALUES (9223372036854775807, 'top');
 INSERT INTO customers VALUES (1, 'Ann', 'Paris'), (2, 'bob', NULL), (3, 'Cid', 'Rome'),
@@ -117,6 +120,7 @@ STATEMENTS = [
     ("INSERT INTO tokens (id) VALUES (NULL)", "vchange"),  # DEFAULT (hex(randomblob(8)))
     ("INSERT INTO stamps DEFAULT VALUES", "vchange"),  # DEFAULT CURRENT_TIMESTAMP
     ("INSERT INTO events (kind) VALUES ('x')", "vchange"),  # its trigger writes tokens
+    ("UPDATE events SET kind = 'rolled'", "vchange"),  # its trigger calls random()
     ("INSERT INTO edge (v) VALUES ('next')", "vchange"),  # the largest rowid is taken: random
     ("UPDATE orders SET total = random() % 100 WHERE id = 1", "vchange"),
     ("CREATE TABLE IF NOT EXISTS rolls AS SELECT random() AS r", "vchange"),
@@ -412,7 +416,8 @@ SCENARIOS["a table that shows the connection itself"] = (
 for _name, _sql in (
     ("a column default of random()", "INSERT INTO tokens (id) VALUES (NULL)"),
     ("a CURRENT_TIMESTAMP default", "INSERT INTO stamps DEFAULT VALUES"),
-    ("a trigger that calls random()", "INSERT INTO events (kind) VALUES ('x')"),
+    ("a trigger that writes a volatile default", "INSERT INTO events (kind) VALUES ('x')"),
+    ("a trigger that calls random()", "UPDATE events SET kind = 'rolled'"),
     ("an insert at the largest rowid", "INSERT INTO edge (v) VALUES ('next')"),
 ):
     SCENARIOS[_name] = (
@@ -426,6 +431,7 @@ for _name, _sql in (
                     _read("SELECT * FROM tokens"),
                     _read("SELECT * FROM stamps"),
                     _read("SELECT * FROM edge"),
+                    _read("SELECT * FROM events"),
                 ],
             )
         ]
