@@ -23,9 +23,15 @@
  *  - A write whose content equals the current view of a block with a clear bit is skipped: no
  *    private bytes for rewrites of identical pages, and a journal rollback (which only rewrites
  *    original content) can never fail on the maxbytes cap.
- *  - No global mutable state except the registered sqlite3_vfs structs and the table of shared
+ *  - No global mutable state except the registered sqlite3_vfs structs, the table of shared
  *    base descriptors (under its own mutex): every session of a process on the same base reads
- *    it through one read-only descriptor, so a session costs no descriptor for its base.
+ *    it through one read-only descriptor, so a session costs no descriptor for its base; and the
+ *    registry of shared-pages sessions and their page stores (under another).
+ *
+ * A session opened with `pages=<prefix>` keeps no private page file and no side file: its changed
+ * pages live in a content-addressed page store shared by the process's sessions on the same base,
+ * and its map of them in this process's memory (see "shared pages" below). Its file P then only
+ * carries its locks, and a marker P-shared says that its state lives in its owner's process.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -330,9 +336,6 @@ typedef struct BaseRef {
 static BaseRef *baseRefs;
 static pthread_mutex_t baseMutex = PTHREAD_MUTEX_INITIALIZER;
 
-/* A child forked while another thread held the mutex must not inherit it locked. */
-static void baseAtforkPrepare(void) { pthread_mutex_lock(&baseMutex); }
-static void baseAtforkRelease(void) { pthread_mutex_unlock(&baseMutex); }
 
 /* The shared descriptor of the regular file zPath (opened on first use) and its size. */
 static int baseAcquire(const char *zPath, int *pFd, i64 *pSize) {
@@ -769,10 +772,16 @@ static pthread_mutex_t gMu = PTHREAD_MUTEX_INITIALIZER;
 static PgStore *gStores;
 static ShState *gStates;
 
-static void atforkPrepare(void) { pthread_mutex_lock(&gMu); }
-static void atforkParent(void) { pthread_mutex_unlock(&gMu); }
-static void atforkChild(void) { pthread_mutex_unlock(&gMu); }
-static void registerAtfork(void) { pthread_atfork(atforkPrepare, atforkParent, atforkChild); }
+/* A child forked while another thread held one of the global mutexes (this one, or the base
+ * descriptors') must not inherit it locked. Neither is ever taken while the other is held. */
+static void atforkPrepare(void) {
+  pthread_mutex_lock(&baseMutex);
+  pthread_mutex_lock(&gMu);
+}
+static void atforkRelease(void) {
+  pthread_mutex_unlock(&gMu);
+  pthread_mutex_unlock(&baseMutex);
+}
 
 static int inherited(const PgStore *s) { return s->owner != getpid(); }
 
@@ -993,7 +1002,7 @@ static void storeFree(PgStore *s) {
     sqlite3_free(c->idxHash);
     sqlite3_free(c->idxSlot);
   }
-  if (s->baseFd >= 0) close(s->baseFd);
+  if (s->baseFd >= 0) baseRelease(s->baseFd);
   pthread_mutex_destroy(&s->mu);
   sqlite3_free(s->zPrefix);
   sqlite3_free(s);
@@ -1146,7 +1155,7 @@ static int shRelease(const char *zPath) {
   return st != NULL;
 }
 
-/* A new store of shared pages for the base open as baseFd (gMu held; takes the descriptor). */
+/* A new store of shared pages for the base open as baseFd (gMu held; takes the reference). */
 static PgStore *storeNew(const char *zPages, int baseFd, const struct stat *bst) {
   PgStore *s = sqlite3_malloc(sizeof(*s));
   if (!s) return NULL;
@@ -1172,7 +1181,7 @@ static PgStore *storeNew(const char *zPages, int baseFd, const struct stat *bst)
 }
 
 /* The state of the session zPath on the store zPages, over the base open as baseFd (whose
- * descriptor this takes). A new session must have no private pages and no owner: its marker
+ * reference from baseAcquire this takes). A new session must have no private pages and no owner: its marker
  * file P-shared is created exclusively, so another process (or one that used the session without
  * shared pages) cannot open it. */
 static int shAttach(const char *zPath, const char *zPages, int baseFd, const struct stat *bst,
@@ -1245,7 +1254,7 @@ unlock:
 out:
   if (mfd >= 0) close(mfd);
   if (stale) stateFree(stale);
-  if (baseFd >= 0) close(baseFd);
+  if (baseFd >= 0) baseRelease(baseFd);
   sqlite3_free(zMarker);
   sqlite3_free(zOvl);
   sqlite3_free(zCopy);
@@ -1658,9 +1667,14 @@ static int ovlOpen(sqlite3_vfs *pVfs, sqlite3_filename zName, sqlite3_file *pFil
   p->readOnly = (outFlags & SQLITE_OPEN_READONLY) != 0;
   const char *zPages = sqlite3_uri_parameter(zName, "pages");
   if (zPages && *zPages) {
+    struct stat bst;
+    if (fstat(p->baseFd, &bst) != 0) {
+      rc = SQLITE_CANTOPEN;
+      goto fail;
+    }
     const int baseFd = p->baseFd;
-    p->baseFd = -1; /* shAttach takes it */
-    rc = shAttach(zName, zPages, baseFd, &st, &p->sh);
+    p->baseFd = -1; /* shAttach takes this reference to it */
+    rc = shAttach(zName, zPages, baseFd, &bst, &p->sh);
     if (rc) goto fail;
     pFile->pMethods = &ovlSharedMethods;
     if (pOutFlags) *pOutFlags = outFlags;
@@ -1791,7 +1805,7 @@ static int ovlRegister(const char *zName) {
     free(v);
     return rc;
   }
-  pthread_atfork(baseAtforkPrepare, baseAtforkRelease, baseAtforkRelease);
+  pthread_atfork(atforkPrepare, atforkRelease, atforkRelease);
   return SQLITE_OK; /* v lives as long as the process */
 }
 
@@ -2209,9 +2223,6 @@ static struct PyModuleDef moduledef = {
 };
 
 PyMODINIT_FUNC PyInit__overlay(void) {
-  static pthread_once_t once = PTHREAD_ONCE_INIT;
-  /* a child forked while another thread held the registry lock would wait on it forever */
-  pthread_once(&once, registerAtfork);
   PyObject *m = PyModule_Create(&moduledef);
   if (m && PyModule_AddIntConstant(m, "BLOCK_SIZE", OVL_BLK) < 0) {
     Py_DECREF(m);
