@@ -911,7 +911,7 @@ def test_read_only_session_and_no_fd_leaks(base, tmp_path, pages):
     assert fds() == start
 
 
-def test_sessions_on_one_base_share_its_descriptor(base, tmp_path):
+def test_sessions_on_one_base_share_its_descriptor(base, tmp_path, pages):
     def open_on(path: Path) -> int:
         return sum(
             os.path.realpath(f"/proc/self/fd/{fd}") == str(path.resolve())
@@ -919,14 +919,17 @@ def test_sessions_on_one_base_share_its_descriptor(base, tmp_path):
             if os.path.exists(f"/proc/self/fd/{fd}")
         )
 
-    conns = [connect_overlay(tmp_path / f"s{i}.sqlite", base) for i in range(8)]
+    sessions = [tmp_path / f"s{i}.sqlite" for i in range(8)]
+    conns = [connect_overlay(s, base, pages=pages) for s in sessions]
     for conn in conns:
         run_like_evaluator(conn, ["INSERT INTO customers(name) VALUES ('shared')"])
     assert open_on(base) == 1
-    for conn in conns[:-1]:
+    for conn, session in zip(conns[:-1], sessions, strict=False):
         conn.close()
+        overlay.discard(session)  # with shared pages, what releases the session's pages
     assert open_on(base) == 1
     conns[-1].close()
+    overlay.discard(sessions[-1])
     assert open_on(base) == 0
 
 

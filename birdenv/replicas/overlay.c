@@ -1228,13 +1228,15 @@ static int shAttach(const char *zPath, const char *zPages, int baseFd, const str
     goto unlock;
   }
   memset(st, 0, sizeof(*st));
-  if (!s && !(s = storeNew(zPages, baseFd, bst))) {
-    sqlite3_free(st);
-    unlink(zMarker);
-    rc = SQLITE_NOMEM;
-    goto unlock;
+  if (!s) {
+    if (!(s = storeNew(zPages, baseFd, bst))) {
+      sqlite3_free(st);
+      unlink(zMarker);
+      rc = SQLITE_NOMEM;
+      goto unlock;
+    }
+    baseFd = -1; /* the new store keeps this reference */
   }
-  if (s->baseFd == baseFd) baseFd = -1; /* the new store owns it now */
   s->nStates++;
   st->store = s;
   st->zPath = zCopy;
