@@ -590,7 +590,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     soft, hard = descriptors.limits()
     print(
         f"open files       soft limit {soft}, hard {hard}: a replica pool raises the soft limit "
-        "to the hard one; each open session holds 3-4"
+        "to the hard one; each open session holds 2-4"
     )
     if overlay.available():
         print("strategy         overlay (copy-on-write page overlay VFS)")

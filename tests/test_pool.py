@@ -294,8 +294,11 @@ def test_running_out_of_descriptors_is_a_clear_error(shop_dir: Path, tmp_path: P
             except DescriptorLimitError as exc:
                 assert isinstance(exc, BirdEnvError) and isinstance(exc, OSError)
                 print("open:", exc)
-            assert 0 < len(opened) < 100
-            opened.pop().close()  # a few descriptors back, for stats() to list folders
+            assert 3 < len(opened) < 100
+            # A few descriptors back: for stats() to list folders, and for the first statement's
+            # WAL, its -shm and the page store (a session on shared pages holds only one).
+            for _ in range(3):
+                opened.pop().close()
             assert pool.stats()["open_sessions"] == len(opened)
             # A session that opened but has no descriptor left for its first statement's WAL.
             spare = []

@@ -86,7 +86,7 @@ def limit_error(action: str) -> DescriptorLimitError:
     return DescriptorLimitError(
         f"{action}: this process has {count} of its {fmt.get(soft, soft)} file descriptors open "
         f"(RLIMIT_NOFILE soft {fmt.get(soft, soft)}, hard {fmt.get(hard, hard)}); each open "
-        "session holds 3-4 of them. A replica pool already raises the soft limit to the hard one: "
+        "session holds 2-4 of them. A replica pool already raises the soft limit to the hard one: "
         "raise the hard limit (as root `ulimit -Hn 65536` before starting Python, LimitNOFILE= "
         "in a systemd unit, `docker run --ulimit nofile=65536:65536`), or lease fewer sessions "
         "at once (ReplicaPool(max_sessions=...), fewer environments per process)"
