@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from birdenv.judge import judge, judge_many
-from birdenv.judge_cache import CACHE_FILE, JudgeCache, schedule_key
+from birdenv.judge.cache import CACHE_FILE, JudgeCache, schedule_key
 from birdenv.replicas import ReplicaPool
 from birdenv.replicas.pool import default_root
 from birdenv.tasks import parse_task

@@ -57,10 +57,14 @@ _UNSTABLE_TEST = re.compile(
     r"\b(random|uuid|time|datetime|now|today|os|sys|environ|getpid|open|secrets)\b"
 )
 
-_SOURCES = ("judge.py", "judge_cache.py", "replicas/session.py", "replicas/guard.py")
 _HERE = Path(__file__).resolve().parent
+_SOURCES = (
+    *sorted(_HERE.glob("*.py")),
+    _HERE.parent / "replicas" / "session.py",
+    _HERE.parent / "replicas" / "guard.py",
+)
 # The judging code's own fingerprint: an entry made by other code is never reused.
-_CODE_HASH = hashlib.sha256(b"".join((_HERE / name).read_bytes() for name in _SOURCES)).hexdigest()
+_CODE_HASH = hashlib.sha256(b"".join(path.read_bytes() for path in _SOURCES)).hexdigest()
 
 
 @dataclasses.dataclass
