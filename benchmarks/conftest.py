@@ -1,13 +1,12 @@
 """Shared fixtures and helpers of the benchmarks (``make bench``; never part of ``make test``).
 
-The bundled suites are built on first use into ``$BIRDENV_HOME``; when it is unset the benchmarks
-use ``/tmp/bench-home`` so they never touch a user's cache. Every benchmark leases sessions from its
+The bundled suites are built on first use into ``$BIRDENV_HOME`` (when it is unset, the root
+``conftest.py`` points it into the temporary directory, never a user's cache). Every benchmark leases sessions from its
 own pool root under pytest's ``tmp_path``, so byte counts see only that benchmark's files.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import sqlite3
 import statistics
@@ -16,10 +15,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-# Before anything imports birdenv.suites: home() reads the variable at call time, but a worker
-# process started by a benchmark inherits it only if it is in the environment.
-os.environ.setdefault("BIRDENV_HOME", "/tmp/bench-home")
 
 from birdenv.replicas import overlay
 from birdenv.tasks import Task, load_tasks

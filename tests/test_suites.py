@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +55,14 @@ def test_a_corrupted_database_is_rebuilt(tmp_path, monkeypatch, both: dict) -> N
         fh.write(b"\xff" * 64)
     suites.ensure("critic-mini", verify=True)
     assert suites.file_sha256(victim) == good
+
+
+def test_test_runs_keep_out_of_the_users_cache() -> None:
+    # The root conftest points every cache left to its default into the temporary directory;
+    # worker processes and command-line runs inherit it.
+    user_cache = (Path.home() / ".cache").resolve()
+    for variable in ("BIRDENV_HOME", "HF_HOME", "XDG_CACHE_HOME"):
+        assert not Path(os.environ[variable]).resolve().is_relative_to(user_cache), variable
+    code = "from birdenv import suites; print(suites.home())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == str(suites.home()) == os.environ["BIRDENV_HOME"]
