@@ -8,12 +8,13 @@ issue SQL unchanged: it must score 0 %. Both produce their turns with
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from birdenv.tasks import Task
-from birdenv.tools import format_tool_call
+from birdenv.tools import format_tool_call, parse_tool_call
 
-__all__ = ["AGENTS", "SCHEMA_QUERY", "EchoAgent", "OracleAgent", "run_episode"]
+__all__ = ["AGENTS", "SCHEMA_QUERY", "EchoAgent", "OracleAgent", "play_tasks", "run_episode"]
 
 #: The exploration call that lists what a database holds.
 SCHEMA_QUERY = "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view') ORDER BY name"
@@ -64,3 +65,22 @@ def run_episode(
         if terminated or truncated:
             break
     return float(reward), info
+
+
+def play_tasks(
+    env: Any,
+    agent: OracleAgent | EchoAgent,
+    tasks: list[Task],
+    progress: Callable[[Iterable[Task]], Iterable[Task]] = lambda tasks: tasks,
+) -> tuple[list[dict[str, Any]], list[float]]:
+    """Play one episode per task; the prediction rows the agent submitted (``instance_id`` and
+    ``pred_sqls``, what ``birdenv evaluate`` reads) and the episodes' rewards."""
+    rows, rewards = [], []
+    for task in progress(tasks):
+        reward, info = run_episode(env, agent, task.instance_id)
+        rewards.append(reward)
+        submission = parse_tool_call(info["messages"][-2]["content"])
+        rows.append(
+            {"instance_id": task.instance_id, "pred_sqls": submission.arguments["sql_list"]}
+        )
+    return rows, rewards

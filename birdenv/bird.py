@@ -17,7 +17,7 @@ import dataclasses
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from birdenv.compat import db_dir_argument
 from birdenv.errors import DatabaseNotFoundError, TaskFormatError, UnknownSuiteError
@@ -67,23 +67,24 @@ class BirdTask(BaseTask):
     True
     """
 
-    kind: ClassVar[str] = "bird"
-    env_id: ClassVar[str] = "BirdSQL-SQLite-v0"
-    metric: ClassVar[str] = "EX"
-    metric_name: ClassVar[str] = "execution_accuracy"
-    category_name: ClassVar[str] = "difficulty"
-    categories: ClassVar[tuple[str, ...]] = DIFFICULTIES
-    skill: ClassVar[str] = "generation"
-    goal: ClassVar[str] = (
+    kind = "bird"
+    env_id = "BirdSQL-SQLite-v0"
+    metric = "EX"
+    metric_name = "execution_accuracy"
+    category_name = "difficulty"
+    categories = DIFFICULTIES
+    skill = "generation"
+    goal = (
         "answer the user's question with one SQLite query, given the database schema and the "
         "external knowledge"
     )
-    submission_rule: ClassVar[str] = (
+    submission_rule = (
         "Submit exactly one SELECT statement as the only element of sql_list; it is judged by "
         "running it on a fresh copy of the database and comparing its rows with the correct "
         "answer's (order and duplicates ignored)."
     )
-    suites: ClassVar[tuple[str, ...]] = tuple(BIRD_SUITES)
+    suites = tuple(BIRD_SUITES)
+    eval_suite = "bird-mini-eval"
 
     question_id: int
     db_id: str

@@ -8,7 +8,14 @@ class BirdEnvError(Exception):
 
 
 class InputFormatError(BirdEnvError, ValueError):
-    """An input file cannot be read as rows; the message names the file, the line and the field."""
+    """An input file cannot be read as rows; the message names the file, the line and the field.
+
+    ``line`` is the line (or item, or entry) it names, when it names one.
+    """
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
 
 
 class TaskFormatError(InputFormatError):

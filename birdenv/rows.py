@@ -38,7 +38,8 @@ def read_text(path: Path, *, error: type[InputFormatError] = TaskFormatError) ->
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         raise error(
             f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at column {column}): "
-            "save the file as UTF-8"
+            "save the file as UTF-8",
+            line=line,
         ) from None
 
 
@@ -55,7 +56,7 @@ def read_rows(
         try:
             items = json.loads(text)
         except json.JSONDecodeError as exc:
-            yield error(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})")
+            yield error(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})", line=exc.lineno)
             return
         yield from enumerate(items, start=1)
         return
@@ -65,7 +66,7 @@ def read_rows(
         try:
             yield lineno, json.loads(line)
         except json.JSONDecodeError as exc:
-            yield error(f"{path}:{lineno}: not valid JSON ({exc.msg})")
+            yield error(f"{path}:{lineno}: not valid JSON ({exc.msg})", line=lineno)
 
 
 def open_row(

@@ -83,7 +83,8 @@ class BaseTask(abc.ABC):
     :attr:`category` is called and its values in report order; ``skill``, what a model does
     (``"debugging"``, ``"generation"``); ``goal``, the task as the prompt states it;
     ``submission_rule``, what an environment's prompt adds about submitting (may be empty);
-    ``suites``, the bundled suites of the kind.
+    ``suites``, the bundled suites of the kind, and ``eval_suite``, the one to evaluate on (and
+    the default of the kind's environment).
 
     Per task: ``instance_id``, ``db_id``, ``db_dir``, :attr:`db_path`, :attr:`category`,
     ``preprocess_sql`` (what prepares an episode's starting state), :meth:`prompt_sections` (and
@@ -100,6 +101,7 @@ class BaseTask(abc.ABC):
     goal: ClassVar[str]
     submission_rule: ClassVar[str]
     suites: ClassVar[tuple[str, ...]]
+    eval_suite: ClassVar[str]
 
     instance_id: str
     db_id: str
@@ -135,8 +137,8 @@ class BaseTask(abc.ABC):
     ) -> Judgement:
         """The verdict on a submission, judged on fresh states of the task's database.
 
-        ``statement_timeout`` bounds each statement (``None``: the kind's official default).
-        ``official=True`` scores exactly by the official rule, quirks included (evaluation);
+        ``statement_timeout`` bounds each statement; each kind's default is its official
+        evaluator's (none for BIRD-CRITIC, 30 s for BIRD). ``official=True`` scores exactly by the official rule, quirks included (evaluation);
         ``False`` (rewards, environments) closes a reward hack where the official rule of a kind
         has one. Problems with the submission are verdicts, never exceptions.
         """
@@ -150,8 +152,8 @@ class BaseTask(abc.ABC):
         processes: int = 1,
         official: bool = False,
     ) -> Iterator[Judgement]:
-        """:meth:`judge` of many ``(task, sql_list)`` pairs of this kind, in order, in supervised
-        worker processes when ``processes > 1``."""
+        """:meth:`judge` of many ``(task, sql_list)`` pairs of this kind, verdicts in order,
+        over ``processes`` supervised worker processes."""
 
     @classmethod
     @abc.abstractmethod
@@ -187,18 +189,17 @@ class Task(BaseTask):
     'success'
     """
 
-    kind: ClassVar[str] = "critic"
-    env_id: ClassVar[str] = "BirdCritic-SQLite-v0"
-    metric: ClassVar[str] = "SR"
-    metric_name: ClassVar[str] = "success_rate"
-    category_name: ClassVar[str] = "category"
-    categories: ClassVar[tuple[str, ...]] = CATEGORIES
-    skill: ClassVar[str] = "debugging"
-    goal: ClassVar[str] = (
-        "understand the user's issue and fix their problematic SQL, given the database schema"
-    )
-    submission_rule: ClassVar[str] = ""
-    suites: ClassVar[tuple[str, ...]] = ("gym-mini", "critic-mini")
+    kind = "critic"
+    env_id = "BirdCritic-SQLite-v0"
+    metric = "SR"
+    metric_name = "success_rate"
+    category_name = "category"
+    categories = CATEGORIES
+    skill = "debugging"
+    goal = "understand the user's issue and fix their problematic SQL, given the database schema"
+    submission_rule = ""
+    suites = ("gym-mini", "critic-mini")
+    eval_suite = "critic-mini"
 
     instance_id: str
     db_id: str

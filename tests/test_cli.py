@@ -178,9 +178,15 @@ def test_bird_equivalent_rewrites_score_100_percent_on_official_layout(
         if not official_name.exists():
             official_name.symlink_to(task.db_path)
     out = tmp_path / "out.jsonl"
-    args = ["evaluate", str(REWRITES), "--tasks", str(dev), "--db-root", str(root)]
+    args = ["evaluate", str(REWRITES), "--tasks", str(dev), "--db-dir", str(root)]
     assert main([*args, "--out", str(out)]) == 0
     assert re.search(r"^overall\s+20\s+20\s+100\.00$", capsys.readouterr().out, re.MULTILINE)
+    # --db-root, the old name of --db-dir, still works and says so.
+    args[-2] = "--db-root"
+    assert main([*args, "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "--db-root is deprecated, use --db-dir" in captured.err
+    assert re.search(r"^overall\s+20\s+20\s+100\.00$", captured.out, re.MULTILINE)
     # ... and they are not equal to the gold text: each is a real rewrite.
     gold = {t.question_id: " ".join(t.SQL.split()) for t in tasks}
     assert all(" ".join(r["pred_sql"].split()) != gold[r["question_id"]] for r in rewrites)
@@ -278,4 +284,39 @@ def test_scorer_detection_and_forcing(tmp_path: Path, shop_dir: Path, capsys) ->
         json.dumps([{"question_id": 1, "db_id": "x", "question": "?", "SQL": "SELECT 1"}])
     )
     assert main(["evaluate", str(bird_rows), "--tasks", str(dev)]) == 2
-    assert "--db-root" in capsys.readouterr().err
+    assert "--db-dir" in capsys.readouterr().err
+
+
+def test_a_prediction_file_that_is_not_utf8_ends_in_one_line(tmp_path: Path) -> None:
+    preds = tmp_path / "preds.jsonl"
+    preds.write_bytes(
+        b'{"instance_id": "x", "pred_sqls": ["SELECT 1"]}\n'
+        b'{"instance_id": "y", "pred_sqls": ["SELECT \'caf\xe9\'"]}\n'
+    )
+    done = run_cli("evaluate", str(preds))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"birdenv: {preds}:2: not UTF-8 text (byte 0xe9 at column 48): save the file as UTF-8"
+    ]
+    # The same for a task file that is not UTF-8.
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(b'{"instance_id": "y", "db_id": "d", "query": "\xff"}\n')
+    preds.write_text(json.dumps({"instance_id": "y", "pred_sqls": ["SELECT 1"]}) + "\n")
+    done = run_cli("evaluate", str(preds), "--tasks", str(tasks), "--db-dir", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "scoring success rate (the prediction rows are BIRD-CRITIC rows)",
+        f"birdenv: {tasks}:1: not UTF-8 text (byte 0xff at column 46): save the file as UTF-8",
+    ]
+
+
+def test_demo_plays_the_reference_agents_and_evaluates_what_they_submitted(
+    tmp_path: Path, capsys
+) -> None:
+    assert main(["demo", "--limit", "3", "--out", str(tmp_path), "--jobs", "1"]) == 0
+    oracle = read_rows(tmp_path / "oracle.predictions.jsonl")
+    assert len(oracle) == 3 and all(row["pred_sqls"] for row in oracle)
+    out = capsys.readouterr().out
+    assert "oracle agent: mean reward 1.000 over 3 episodes" in out
+    assert "echo agent: mean reward 0.000 over 3 episodes" in out
+    assert re.search(r"^overall\s+3\s+3\s+100\.00$", out, re.MULTILINE)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,30 @@ def test_text_to_sql_adapter_scores_execution_accuracy() -> None:
     env.reset(task_id=question.instance_id)
     assert env.submit_solution([question.SQL]).startswith("verdict: success")
     assert env.get_reward() == 1.0
+
+
+def test_the_adapters_and_make_vec_name_the_database_folder_db_dir(tmp_path: Path) -> None:
+    from birdenv.vector import make_vec
+
+    question = load_bird("bird-mini-train")[0]
+    path = tmp_path / "dev.jsonl"
+    path.write_text(json.dumps(question.to_dict()) + "\n", encoding="utf-8")
+    env = BirdSQLTRLEnv(tasks=path, db_dir=question.db_dir)
+    assert question.question in env.reset(task_id=question.instance_id)
+    with pytest.warns(DeprecationWarning, match="db_root= is deprecated, use db_dir="):
+        env = BirdSQLTRLEnv(tasks=path, db_root=question.db_dir)
+    assert question.question in env.reset(task_id=question.instance_id)
+    for folder in ({"db_dir": question.db_dir}, {"db_root": question.db_dir}):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            envs = make_vec(1, tasks=path, asynchronous=False, **folder)
+        assert [str(w.message) for w in caught if w.category is DeprecationWarning] == (
+            ["make_vec: db_root= is deprecated, use db_dir= (the same folder: "
+             "{db_id}/{db_id}.sqlite or {db_id}/{db_id}_template.sqlite inside it)"]
+            if "db_root" in folder else []
+        )  # fmt: skip
+        assert envs.reset(seed=0)[1]["task_id"][0] == question.instance_id
+        envs.close()
 
 
 def test_mixture_dataset_rows_pick_their_environment(shop_tasks: list) -> None:

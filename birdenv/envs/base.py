@@ -104,15 +104,13 @@ class ToolEnv(gym.Env[str, str]):
     """An episode = a task, a fresh session on its database, turns of ``execute_sql`` and a
     ``submit_solution`` judged on fresh states by the task (:meth:`~birdenv.tasks.BaseTask.judge`).
 
-    A subclass sets :attr:`task_type` (the kind it plays) and :attr:`default_suite`; the
-    constructor's arguments are described in the subclasses' manuals.
+    A subclass sets :attr:`task_type`, the kind it plays (by default on the kind's
+    ``eval_suite``); the constructor's arguments are described in the subclasses' manuals.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
     #: The kind of task this environment plays.
     task_type: ClassVar[type[BaseTask]]
-    #: The bundled suite drawn from when neither ``suite`` nor ``tasks`` is given.
-    default_suite: ClassVar[str]
 
     def __init__(
         self,
@@ -146,7 +144,7 @@ class ToolEnv(gym.Env[str, str]):
         self.prompt_options = PromptOptions.of(prompt_options)
         if not isinstance(tasks, list):
             tasks = load_tasks(
-                tasks if tasks is not None else (suite or self.default_suite), db_dir=db_dir
+                tasks if tasks is not None else (suite or self.task_type.eval_suite), db_dir=db_dir
             )
         if not tasks:
             raise ValueError("the task set is empty")

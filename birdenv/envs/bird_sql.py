@@ -84,4 +84,3 @@ class BirdSQLEnv(ToolEnv):
     """
 
     task_type: ClassVar[type[BirdTask]] = BirdTask
-    default_suite: ClassVar[str] = "bird-mini-eval"

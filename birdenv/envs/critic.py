@@ -76,4 +76,3 @@ class BirdCriticEnv(ToolEnv):
     """
 
     task_type: ClassVar[type[Task]] = Task
-    default_suite: ClassVar[str] = "critic-mini"
