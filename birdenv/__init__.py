@@ -1,13 +1,16 @@
-"""birdenv: Gymnasium environments for stateful SQL debugging on SQLite.
+"""birdenv: Gymnasium environments for stateful SQL work on SQLite: debugging and text-to-SQL.
 
 Each trajectory gets its own persistent database session, isolated from every other trajectory,
-on copy-on-write replicas of immutable base databases; the reward is the official BIRD-CRITIC
-verdict. ``import birdenv`` registers the environments::
+on copy-on-write replicas of immutable base databases; the reward is the official verdict of the
+task's kind (BIRD-CRITIC's judge, or BIRD's execution accuracy). ``import birdenv`` registers the
+environments::
 
     import gymnasium as gym
     import birdenv
 
-    env = gym.make("BirdCritic-SQLite-v0")
+    env = gym.make("BirdCritic-SQLite-v0")   # or "BirdSQL-SQLite-v0"
+
+``birdenv.load_tasks`` loads tasks of either kind (:class:`birdenv.tasks.BaseTask`).
 """
 
 import importlib.abc
