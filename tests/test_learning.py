@@ -1,7 +1,8 @@
 """GRPO learns: the real stage-3 and stage-4 code raises the reward of a policy whose rewards vary.
 
-The setting: the tiny model is first taught (stage 2, the real SFT code) to answer a ``shop``
-task with either its gold fix or its issue SQL, half and half. Sampled at temperature 0.5 it then
+The setting: the tiny model is first taught (the real SFT code: stage 1 for a single-turn
+answer, stage 2 for an agent's submission) to answer a ``shop`` task with either its gold fix or
+its issue SQL, half and half. Sampled at temperature 0.5 it then
 passes about half the time (measured: 8 of 16), so GRPO groups hold both outcomes; the reward is
 the real environment's (the official judge's verdict). GRPO must push the pass rate up: the mean
 reward of the last third of the steps beats that of the first third by a clear margin (measured:
@@ -116,6 +117,49 @@ def test_stage4_grpo_raises_the_pass_rate(shop: list, tiny: str, tmp_path: Path)
     with contextlib.closing(envs):
         agentic.run(cfg, model_path=str(stage2), out_dir=tmp_path / "s4", tasks=shop, envs=envs)
     rewards = _rewards(tmp_path / "s4" / "metrics.jsonl", "agentic/reward_mean")
+    first, last = _thirds(rewards)
+    assert 0.1 <= first <= 0.8, f"the SFT policy should pass sometimes: {rewards}"
+    assert last >= first + 0.2, f"GRPO did not raise the pass rate: {rewards}"
+
+
+def test_stage3_grpo_raises_the_pass_rate(shop: list, tiny: str, tmp_path: Path) -> None:
+    from birdtrain.prompts import format_answer, single_turn_prompt
+    from birdtrain.stages import grpo, sft
+
+    cfg = _config(
+        **{
+            "prompt.schema": "linked",
+            "prompt.sample_rows": False,
+            "stage1.max_steps": 120,
+            "stage1.learning_rate": 3e-3,
+            "stage1.batch_size": 2,
+            "stage1.per_device_batch_size": 2,
+            "stage1.warmup_ratio": 0.0,
+            "stage3.max_steps": 9,
+            "stage3.num_generations": 16,
+            "stage3.prompts_per_step": 1,
+            "stage3.max_completion_length": 64,
+            "stage3.max_prompt_length": 2048,
+            "stage3.learning_rate": 3e-4,
+            "stage3.beta": 0.0,
+            "stage3.temperature": 0.5,
+            "stage3.format_reward_weight": 0.0,  # the judge's verdict alone
+            "stage3.dynamic_sampling_rounds": 0,  # the logged reward is the policy's own
+        }
+    )
+    # Stage 1 (real SFT code): each task answered with its gold fix or its issue SQL, 1:1.
+    examples = [
+        {
+            "prompt": [{"role": "user", "content": single_turn_prompt(t, cfg.prompt.options())}],
+            "completion": [{"role": "assistant", "content": format_answer("Fix.", list(sql))}],
+            "task_id": t.instance_id,
+        }
+        for t in shop
+        for sql in (t.sol_sql, t.issue_sql)
+    ]
+    stage1 = sft.run(cfg, model_path=tiny, out_dir=tmp_path / "s1", examples=examples, stage=1)
+    grpo.run(cfg, model_path=str(stage1), out_dir=tmp_path / "s3", tasks=shop)
+    rewards = _rewards(tmp_path / "s3" / "metrics.jsonl", "pass_rate")
     first, last = _thirds(rewards)
     assert 0.1 <= first <= 0.8, f"the SFT policy should pass sometimes: {rewards}"
     assert last >= first + 0.2, f"GRPO did not raise the pass rate: {rewards}"
