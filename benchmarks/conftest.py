@@ -10,11 +10,20 @@ from __future__ import annotations
 import random
 import sqlite3
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+# The Ray benchmarks run in a private network namespace, as the Ray tests do.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from private_network import (  # noqa: F401
+    pytest_runtest_makereport,
+    pytest_runtest_protocol,
+    pytest_terminal_summary,
+)
 
 from birdenv.replicas import overlay
 from birdenv.tasks import Task, load_tasks

@@ -57,13 +57,20 @@ class ScriptedPolicy:
 
 
 def run_vector(kind: str, n: int, tasks: list[Task], steps: int) -> dict[str, float]:
-    """Reset, then ``steps`` vector steps with the scripted policy; env steps per second."""
+    """Reset, then ``steps`` vector steps with the scripted policy; env steps per second.
+
+    ``kind``: ``sync``, ``async`` or ``ray`` (:class:`~birdenv.ray_vector.RayVectorEnv` on the
+    Ray this process is connected to); the same builders for all three.
+    """
     fns = [lambda: BirdCriticEnv(suite="critic-mini") for _ in range(n)]
-    envs = (
-        gym.vector.SyncVectorEnv(fns)
-        if kind == "sync"
-        else gym.vector.AsyncVectorEnv(fns, shared_memory=False)
-    )
+    if kind == "sync":
+        envs = gym.vector.SyncVectorEnv(fns)
+    elif kind == "async":
+        envs = gym.vector.AsyncVectorEnv(fns, shared_memory=False)
+    else:
+        from birdenv.ray_vector import RayVectorEnv
+
+        envs = RayVectorEnv(fns)
     try:
         start = time.perf_counter()
         _, info = envs.reset(seed=list(range(n)))

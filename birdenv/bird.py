@@ -161,13 +161,14 @@ class BirdTask(BaseTask):
         cls,
         jobs: Iterable[tuple[Any, list[str] | str]],
         *,
-        processes: int = 1,
+        processes: int | None = None,
         official: bool = False,
+        ray: bool = False,
     ) -> Iterator[Judgement]:
         """:func:`birdenv.ex.score_many`."""
         from birdenv.ex import score_many
 
-        return score_many(jobs, processes=processes, isolate_gold=not official)
+        return score_many(jobs, processes=processes, isolate_gold=not official, ray=ray)
 
     @classmethod
     def load(cls, source: str | Path, *, db_dir: str | Path | None = None) -> list[BirdTask]:

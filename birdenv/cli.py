@@ -1,7 +1,7 @@
 """The ``birdenv`` command: bundled data, official-style evaluation, a terminal agent, diagnostics.
 
 birdenv data list | build [--force] | validate [--suite NAME | --tasks T --db-dir D]
-birdenv evaluate PRED [--suite S | --tasks T --db-dir D] [--scorer auto|critic|ex] [--out OUT] [--jobs N]
+birdenv evaluate PRED [--suite S | --tasks T --db-dir D] [--scorer auto|critic|ex] [--out OUT] [--jobs N] [--ray]
 birdenv doctor
 """
 
@@ -151,6 +151,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         statement_timeout=args.statement_timeout,
         instance_timeout=args.instance_timeout,
         cache=args.cache,
+        ray=args.ray,
         progress=_progress,
     )
     for warning in result.warnings:
@@ -296,7 +297,18 @@ def _build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--out", help="verdicts JSONL (default: PRED.verdicts.jsonl beside the input)"
     )
-    evaluate.add_argument("--jobs", type=int, default=1, help="worker processes")
+    evaluate.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="worker processes (default 1; with --ray, one per CPU of the cluster)",
+    )
+    evaluate.add_argument(
+        "--ray",
+        action="store_true",
+        help="judge on Ray workers over the cluster at RAY_ADDRESS (else a local Ray); each node "
+        "gets the databases by content hash (needs the ray extra)",
+    )
     evaluate.add_argument(
         "--statement-timeout",
         type=float,

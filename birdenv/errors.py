@@ -88,3 +88,12 @@ class SchemaError(BirdEnvError, ValueError):
 class DescriptorLimitError(BirdEnvError, OSError):
     """The process ran out of file descriptors; the message names the limit, the count in use and
     how to raise it."""
+
+
+class ClusterError(BirdEnvError, RuntimeError):
+    """A Ray actor holding environments or judging died or hung, and the call cannot be answered
+    for every copy (``step`` never raises this: it marks the lost copies' episodes broken)."""
+
+
+class StagingError(BirdEnvError, RuntimeError):
+    """A node could not obtain a task database with the content hash the driver has."""

@@ -291,20 +291,22 @@ def _unscored(job: tuple[BirdTask, str, float | None, bool], phase: str, why: st
 def execution_accuracy_many(
     jobs: Iterable[tuple[BirdTask, str]],
     *,
-    processes: int = 1,
+    processes: int | None = None,
     statement_timeout: float | None = 30.0,
     isolate_gold: bool = False,
+    ray: bool = False,
 ) -> Iterator[ExVerdict]:
     """:func:`execution_accuracy` of many ``(task, pred_sql)`` pairs, in order, over ``processes``.
 
-    One process judges in this one. More run in supervised workers
+    One process (the default) judges in this one. More run in supervised workers
     (:func:`birdenv.workers.supervised_map`), each with its own pool on the shared replica root:
     a worker still busy past both statement deadlines (+2 s) is killed and its pair scores 0 as a
     ``"timeout"``, a worker that dies scores its pair 0 as a ``"crash"``, and a worker that cannot
-    start raises :class:`~birdenv.errors.WorkerStartError`.
+    start raises :class:`~birdenv.errors.WorkerStartError`. ``ray=True`` runs the workers as Ray
+    actors over the cluster (``processes`` of them, default one per CPU of the cluster).
     """
     work = [(task, pred, statement_timeout, isolate_gold) for task, pred in jobs]
-    if processes <= 1:
+    if not ray and (processes or 1) <= 1:
         for job in work:
             yield _ex_job(None, job)
         return
@@ -316,6 +318,7 @@ def execution_accuracy_many(
         kill_after=kill_after,
         failed=_unscored,
         preload=["birdenv.ex"],
+        ray=ray,
     )
 
 
@@ -367,18 +370,20 @@ def score_submission(
 def score_many(
     jobs: Iterable[tuple[BirdTask, list[str] | str]],
     *,
-    processes: int = 1,
+    processes: int | None = None,
     statement_timeout: float | None = 30.0,
     isolate_gold: bool = True,
+    ray: bool = False,
 ) -> Iterator[ExVerdict]:
     """:func:`score_submission` of many ``(task, sql_list)`` pairs, in order, over ``processes``
-    (:func:`execution_accuracy_many`)."""
+    (:func:`execution_accuracy_many`; ``ray=True``: on Ray workers over the cluster)."""
     answers = [(task, _answer(sql_list)) for task, sql_list in jobs]
     scored = execution_accuracy_many(
         ((task, answer) for task, answer in answers if answer is not None),
         processes=processes,
         statement_timeout=statement_timeout,
         isolate_gold=isolate_gold,
+        ray=ray,
     )
     for task, answer in answers:
         yield _no_answer(task) if answer is None else next(scored)

@@ -149,13 +149,15 @@ def evaluate_file(
     suite: str | None = None,
     tasks: str | None = None,
     db_dir: str | Path | None = None,
-    jobs: int = 1,
+    jobs: int | None = None,
     statement_timeout: float | None = None,
     instance_timeout: float = INSTANCE_TIMEOUT,
     cache: bool = True,
+    ray: bool = False,
     progress: Progress = lambda items, total, label: items,
 ) -> Evaluation:
-    """Judge every prediction of a file with the official rules of its kind, in ``jobs`` workers.
+    """Judge every prediction of a file with the official rules of its kind, in ``jobs`` workers
+    (default one; with ``ray=True``, Ray workers over the cluster, by default one per CPU of it).
 
     BIRD-CRITIC: the judge (:func:`birdenv.judge.judge_many`), ``statement_timeout`` per
     statement (default none, as the official evaluator), ``instance_timeout`` per instance,
@@ -176,7 +178,9 @@ def evaluate_file(
         from birdenv.ex import score_many
 
         timeout = 30.0 if statement_timeout is None else statement_timeout
-        verdicts = score_many(pairs, processes=jobs, statement_timeout=timeout, isolate_gold=False)
+        verdicts = score_many(
+            pairs, processes=jobs, statement_timeout=timeout, isolate_gold=False, ray=ray
+        )
     else:
         verdicts = judge_many(
             pairs,
@@ -184,6 +188,7 @@ def evaluate_file(
             statement_timeout=statement_timeout,
             instance_timeout=instance_timeout,
             cache=cache,
+            ray=ray,
         )
     stream = iter(progress(verdicts, len(good), "scoring" if kind is BirdTask else "judging"))
     rows, warnings = [], []

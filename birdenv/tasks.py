@@ -149,11 +149,13 @@ class BaseTask(abc.ABC):
         cls,
         jobs: Iterable[tuple[Any, list[str] | str]],
         *,
-        processes: int = 1,
+        processes: int | None = None,
         official: bool = False,
+        ray: bool = False,
     ) -> Iterator[Judgement]:
         """:meth:`judge` of many ``(task, sql_list)`` pairs of this kind, verdicts in order,
-        over ``processes`` supervised worker processes."""
+        over ``processes`` supervised worker processes (default one; ``ray=True``: Ray actors
+        over the cluster, by default one per CPU of it)."""
 
     @classmethod
     @abc.abstractmethod
@@ -259,13 +261,14 @@ class Task(BaseTask):
         cls,
         jobs: Iterable[tuple[Any, list[str] | str]],
         *,
-        processes: int = 1,
+        processes: int | None = None,
         official: bool = False,
+        ray: bool = False,
     ) -> Iterator[Judgement]:
         """:func:`birdenv.judge.judge_many` (every instance in a supervised worker)."""
         from birdenv.judge import judge_many
 
-        return judge_many(jobs, processes=processes)
+        return judge_many(jobs, processes=processes, ray=ray)
 
     @classmethod
     def load(cls, source: str | Path, *, db_dir: str | Path | None = None) -> list[Task]:

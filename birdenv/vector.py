@@ -2,7 +2,8 @@
 replica store, of one task kind or of a weighted mixture of both.
 
 :func:`make_vec` builds N copies of the environment, in worker processes
-(:class:`gymnasium.vector.AsyncVectorEnv`) or in this one (:class:`gymnasium.vector.SyncVectorEnv`)::
+(:class:`gymnasium.vector.AsyncVectorEnv`), in this one (:class:`gymnasium.vector.SyncVectorEnv`),
+or in Ray actors over a cluster (``backend="ray"``: :class:`birdenv.ray_vector.RayVectorEnv`)::
 
     from birdenv.vector import make_vec
 
@@ -74,12 +75,14 @@ from birdenv.compat import db_dir_argument
 from birdenv.envs import env_class_for
 from birdenv.tasks import load_tasks, source_kind
 
-__all__ = ["BIRD_ENV_ID", "ENV_ID", "MixedTaskEnv", "make_vec"]
+__all__ = ["BACKENDS", "BIRD_ENV_ID", "ENV_ID", "MixedTaskEnv", "make_vec"]
 
 #: The environment :func:`make_vec` vectorizes by default (debugging tasks).
 ENV_ID = "BirdCritic-SQLite-v0"
 #: The environment of BIRD text-to-SQL questions.
 BIRD_ENV_ID = "BirdSQL-SQLite-v0"
+#: Where :func:`make_vec` runs the copies: worker processes, this process, or Ray actors.
+BACKENDS = ("async", "sync", "ray")
 # Steps per episode when the registration's TimeLimit is not there to say (MixedTaskEnv).
 _DEFAULT_MAX_STEPS = 5
 
@@ -233,8 +236,15 @@ def _seed_env(env: gym.Env, seed: int | None) -> gym.Env:
     return env
 
 
-def _make_env(env_kwargs: dict[str, Any], seed: int | None, env_id: str = ENV_ID) -> gym.Env:
-    """Build one copy; runs inside the worker process, so sessions and pools are opened there."""
+def _make_env(
+    env_kwargs: dict[str, Any], seed: int | None, env_id: str = ENV_ID, shipment: Any = None
+) -> gym.Env:
+    """Build one copy; runs inside the worker process, so sessions and pools are opened there.
+
+    With a :class:`~birdenv.cluster.Shipment` (Ray), the tasks first move to this node's databases.
+    """
+    if shipment is not None:
+        env_kwargs = {**env_kwargs, "tasks": shipment.localize(env_kwargs["tasks"])}
     return _seed_env(gym.make(env_id, **env_kwargs), seed)
 
 
@@ -243,8 +253,11 @@ def _make_mixed(
     weights: dict[str, float] | None,
     env_kwargs: dict[str, Any],
     seed: int | None,
+    shipment: Any = None,
 ) -> gym.Env:
     """Build one :class:`MixedTaskEnv` copy (in the worker), with the TimeLimit the envs register."""
+    if shipment is not None:
+        sources = {name: shipment.localize(tasks) for name, tasks in sources.items()}
     kwargs = dict(env_kwargs)
     steps = kwargs.pop("max_episode_steps", None) or _DEFAULT_MAX_STEPS
     env = gym.wrappers.TimeLimit(MixedTaskEnv(sources, weights, **kwargs), steps)
@@ -255,11 +268,24 @@ def _make_mixed(
     return env
 
 
+def _ship(tasks: list[Any] | dict[str, list[Any]], backend: str) -> Any:
+    """With Ray, the :class:`~birdenv.cluster.Shipment` of the databases of ``tasks`` (a list, or
+    a mixture's lists by source); else ``None``."""
+    if backend != "ray":
+        return None
+    from birdenv.cluster import ship
+
+    return ship(
+        [t for group in tasks.values() for t in group] if isinstance(tasks, dict) else tasks
+    )
+
+
 def make_vec(
     num_envs: int,
     *,
     suite: str = "critic-mini",
     asynchronous: bool = True,
+    backend: str | None = None,
     seed: int | None = None,
     vector_kwargs: dict[str, Any] | None = None,
     mixture: Mapping[str, float] | None = None,
@@ -278,11 +304,15 @@ def make_vec(
             given.
         asynchronous: One worker process per copy (:class:`~gymnasium.vector.AsyncVectorEnv`,
             ``shared_memory=False``: text cannot go through shared memory) or all in this process
-            (:class:`~gymnasium.vector.SyncVectorEnv`).
+            (:class:`~gymnasium.vector.SyncVectorEnv`); ``backend`` overrides it.
+        backend: ``"async"``, ``"sync"`` or ``"ray"``: copies in Ray actors over the cluster at
+            ``RAY_ADDRESS``, else a local Ray (:class:`~birdenv.ray_vector.RayVectorEnv`; needs
+            the ``ray`` extra). With Ray, tasks are loaded here, on the driver, and each node
+            obtains their databases by content hash (:mod:`birdenv.cluster`).
         seed: Copy ``i`` draws its tasks from seed ``seed + i``, exactly as
             ``envs.reset(seed=seed)`` would; the batched spaces are seeded with ``seed``.
-        vector_kwargs: Extra arguments for the vector class, e.g. ``context="spawn"`` or
-            ``autoreset_mode``.
+        vector_kwargs: Extra arguments for the vector class, e.g. ``context="spawn"``,
+            ``autoreset_mode``, or Ray's ``envs_per_actor``, ``step_timeout``, ``actor_options``.
         mixture: Task source → sampling weight, e.g. ``{"gym-mini": 0.7, "bird-mini-train":
             0.3}`` (sources: suite names or files for :func:`birdenv.tasks.load_tasks`). With ``tasks=`` of
             both kinds, the keys are the kinds (``"critic"``, ``"bird"``) and weight the draw
@@ -295,16 +325,20 @@ def make_vec(
         The vector environment; ``close()`` it to stop the workers and release their sessions.
 
     Raises:
-        ValueError: ``num_envs`` below 1, a ``pool=`` object with worker processes (a pool belongs
-            to the process that made it: pass ``pool_options=`` instead), ``shared_memory=True``,
-            or a mixture that names nothing.
+        ValueError: ``num_envs`` below 1, an unknown ``backend``, a ``pool=`` object with worker
+            processes or Ray (a pool belongs to the process that made it: pass ``pool_options=``
+            instead), ``shared_memory=True``, or a mixture that names nothing.
+        MissingExtraError: ``backend="ray"`` without Ray installed.
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+    backend = backend or ("async" if asynchronous else "sync")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     kwargs = dict(env_kwargs)
     if "db_root" in kwargs:
         kwargs["db_dir"] = db_dir_argument(kwargs.get("db_dir"), kwargs.pop("db_root"), "make_vec")
-    if asynchronous and kwargs.get("pool") is not None:
+    if backend != "sync" and kwargs.get("pool") is not None:
         raise ValueError(
             "a ReplicaPool cannot cross into worker processes; pass pool_options={...} instead "
             "(each worker then opens its own pool with those options on the same root)"
@@ -313,6 +347,14 @@ def make_vec(
     sources: dict[str, Any] | None = None
     weights: dict[str, float] | None = None
     env_id = ENV_ID
+    if backend == "ray":
+        # Nodes need not see the driver's files: load the tasks here; their databases travel.
+        db_dir = kwargs.pop("db_dir", None)
+        if tasks is None and mixture:
+            sources = {str(name): load_tasks(name, db_dir=db_dir) for name in mixture}
+            weights = dict(mixture)
+        elif (tasks is None and mixture is None) or isinstance(tasks, (str, Path)):
+            tasks = load_tasks(suite if tasks is None else tasks, db_dir=db_dir)
     if tasks is not None and not isinstance(tasks, (str, Path)):
         tasks = list(tasks)
         by_kind: dict[str, list[Any]] = {}
@@ -323,7 +365,7 @@ def make_vec(
             weights = None if mixture is None else dict(mixture)
         elif tasks:
             env_id = tasks[0].env_id
-    elif mixture is not None:
+    elif mixture is not None and sources is None:
         if not mixture:
             raise ValueError("mixture is empty: name at least one task source")
         sources, weights = {str(name): str(name) for name in mixture}, dict(mixture)
@@ -333,9 +375,10 @@ def make_vec(
                 f"mixture names {sorted(weights)} but the tasks hold kinds {sorted(sources)}"
             )
         kwargs.pop("suite", None)
+        shipment = _ship(sources, backend)
         fns = [
             functools.partial(
-                _make_mixed, sources, weights, kwargs, None if seed is None else seed + i
+                _make_mixed, sources, weights, kwargs, None if seed is None else seed + i, shipment
             )
             for i in range(num_envs)
         ]
@@ -347,18 +390,27 @@ def make_vec(
         else:
             kwargs["suite"] = suite
             env_id = source_kind(suite).env_id
+        shipment = _ship(tasks, backend)
         fns = [
-            functools.partial(_make_env, kwargs, None if seed is None else seed + i, env_id)
+            functools.partial(
+                _make_env, kwargs, None if seed is None else seed + i, env_id, shipment
+            )
             for i in range(num_envs)
         ]
-    if asynchronous:
+    if shipment is not None:
+        from birdenv.ray_vector import RayVectorEnv
+
+        envs: gym.vector.VectorEnv = RayVectorEnv(
+            fns, on_close=shipment.close, **(vector_kwargs or {})
+        )
+    elif backend == "async":
         options = {"shared_memory": False, **(vector_kwargs or {})}
         if options["shared_memory"]:
             raise ValueError(
                 "shared_memory=True returns stale observations for text spaces in Gymnasium "
                 "(the shared buffer is decoded once, at construction); leave it False"
             )
-        envs: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(fns, **options)
+        envs = gym.vector.AsyncVectorEnv(fns, **options)
     else:
         envs = gym.vector.SyncVectorEnv(fns, **(vector_kwargs or {}))
     if seed is not None:

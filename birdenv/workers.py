@@ -76,11 +76,12 @@ def supervised_map(
     run: Callable[[ReplicaPool, Any], R],
     jobs: Sequence[Any],
     *,
-    processes: int,
+    processes: int | None,
     kill_after: float,
     failed: Callable[[Any, str, str], R],
     order: Sequence[int] | None = None,
     preload: Sequence[str] = (),
+    ray: bool = False,
 ) -> Iterator[R]:
     """``run(pool, job)`` for every job, in supervised workers; results in the order of ``jobs``.
 
@@ -90,8 +91,21 @@ def supervised_map(
     ``failed(job, phase, why)`` makes the result of a job whose worker was killed past
     ``kill_after`` seconds (``phase="timeout"``) or died (``phase="crash"``). ``order`` lists the
     job indices in the order they should start (default: input order); ``preload`` names the
-    modules the worker server imports once.
+    modules the worker server imports once. ``processes=None`` means one.
+
+    With ``ray=True`` the workers are Ray actors spread over the cluster
+    (:func:`birdenv.cluster.ray_map`; ``processes=None``: one per CPU of the cluster), each job's
+    first item must be its task, and each node uses its own pool and its own copies of the
+    databases.
     """
+    if ray:
+        from birdenv.cluster import ray_map
+
+        yield from ray_map(
+            run, jobs, workers=processes, kill_after=kill_after, failed=failed, order=order
+        )
+        return
+    processes = processes or 1
     if not jobs:
         return
     context = multiprocessing.get_context("forkserver")

@@ -8,6 +8,13 @@ from pathlib import Path
 
 import pytest
 
+# Ray tests run inside a private network namespace: hooks and the cluster fixture live there.
+from private_network import (  # noqa: F401
+    pytest_runtest_makereport,
+    pytest_runtest_protocol,
+    ray_cluster,
+)
+
 from birdenv.replicas import ReplicaPool, overlay
 from birdenv.tasks import load_tasks
 

@@ -19,6 +19,7 @@ import pytest
 
 import birdenv  # noqa: F401 - registers the environments
 from birdenv.judge import judge
+from birdenv.ray_vector import RayVectorEnv
 from birdenv.tasks import Task, load_tasks
 from birdenv.tools import format_tool_call
 from birdenv.vector import make_vec
@@ -138,15 +139,30 @@ def _base_untouched(trajectories: list[dict]) -> None:
         assert found == []
 
 
-def test_async_32_trajectories_are_isolated_and_judged() -> None:
-    # 8 workers x 4 episodes: 32 trajectories, each in its own session, 8 in flight at once. On a
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    """A make_vec backend; "ray" runs on the two-node test cluster."""
+    if request.param == "ray":
+        request.getfixturevalue("ray_cluster")
+    return request.param
+
+
+RAY = pytest.param("ray", marks=pytest.mark.private_network)
+
+
+@pytest.mark.parametrize("backend", ["async", RAY], indirect=True)
+def test_32_trajectories_are_isolated_and_judged(backend: str) -> None:
+    # 8 copies x 4 episodes: 32 trajectories, each in its own session, 8 in flight at once. On a
     # 2-core machine 32 workers would spend most of the test starting processes (each imports
     # gymnasium and builds two 64k-character text spaces) and contending for the cores; 8 still
     # run many sessions concurrently on one replica root, and autoreset re-leases a fresh session
-    # per episode in every worker.
+    # per episode in every copy. With Ray: two actors of four copies, one on each node.
     tasks = list(_tasks().values())
-    with contextlib.closing(make_vec(8, tasks=tasks, max_episode_steps=STEPS + 2)) as envs:
-        assert isinstance(envs, gym.vector.AsyncVectorEnv)
+    with contextlib.closing(
+        make_vec(8, tasks=tasks, backend=backend, max_episode_steps=STEPS + 2)
+    ) as envs:
+        expected = gym.vector.AsyncVectorEnv if backend == "async" else RayVectorEnv
+        assert isinstance(envs, expected)
         trajectories = _run(envs, episodes=4)
     assert len(trajectories) == 32
     assert len({t["task_id"] for t in trajectories}) > 1
@@ -167,10 +183,11 @@ def test_sync_trajectories_are_isolated_and_judged() -> None:
     _base_untouched(trajectories)
 
 
-def test_make_vec_seed_equals_seeded_reset() -> None:
-    with contextlib.closing(make_vec(3, asynchronous=False, seed=7)) as envs:
+@pytest.mark.parametrize("backend", ["sync", RAY], indirect=True)
+def test_make_vec_seed_equals_seeded_reset(backend: str) -> None:
+    with contextlib.closing(make_vec(3, backend=backend, seed=7)) as envs:
         _, seeded_at_construction = envs.reset()
-    with contextlib.closing(make_vec(3, asynchronous=False)) as envs:
+    with contextlib.closing(make_vec(3, backend=backend)) as envs:
         _, seeded_at_reset = envs.reset(seed=7)
     assert list(seeded_at_construction["task_id"]) == list(seeded_at_reset["task_id"])
 
@@ -180,6 +197,10 @@ def test_make_vec_rejects_what_cannot_work() -> None:
 
     with pytest.raises(ValueError, match="pool_options"):
         make_vec(2, pool=default_pool())
+    with pytest.raises(ValueError, match="pool_options"):
+        make_vec(2, backend="ray", pool=default_pool())
+    with pytest.raises(ValueError, match="backend must be one of async, sync, ray"):
+        make_vec(2, backend="threads")
     with pytest.raises(ValueError, match="stale observations"):
         make_vec(2, vector_kwargs={"shared_memory": True})
     with pytest.raises(ValueError, match="num_envs"):
@@ -205,3 +226,21 @@ def test_gymnasium_make_vec(mode: str) -> None:
         assert all(envs.single_observation_space.contains(o) for o in obs)
     finally:
         envs.close()
+
+
+def test_birdenv_imports_without_ray_and_says_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import subprocess
+    import sys
+
+    from birdenv.errors import MissingExtraError
+
+    code = (
+        "import sys, birdenv.vector, birdenv.ray_vector, birdenv.cluster, birdenv.judge;"
+        "sys.exit('ray' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without Ray sees
+    with pytest.raises(MissingExtraError, match=r"pip install 'bird-rl\[ray\]'"):
+        make_vec(2, backend="ray")

@@ -46,10 +46,11 @@ def _unjudged(job: tuple[Task, Any, Any, Any, Any], phase: str, why: str) -> Ver
 def judge_many(
     jobs: Iterable[tuple[Task, list[str] | str]],
     *,
-    processes: int = 1,
+    processes: int | None = None,
     statement_timeout: float | None = None,
     instance_timeout: float = INSTANCE_TIMEOUT,
     cache: bool = True,
+    ray: bool = False,
 ) -> Iterator[Verdict]:
     """Judge many ``(task, pred_sqls)`` pairs, in order, in ``processes`` supervised workers.
 
@@ -64,6 +65,11 @@ def judge_many(
     time (kept beside the issue-phase cache; never-judged tasks start before all others): a run
     ends when its slowest instance does, so that one should not start last. ``cache=False``
     remembers nothing and starts them in input order. Verdicts come out in input order either way.
+
+    ``ray=True`` judges on Ray actors over the cluster at ``RAY_ADDRESS`` (else a local Ray),
+    ``processes`` of them (default: one per CPU of the cluster); each node judges on its own copies
+    of the databases, obtained by content hash, and the verdicts are the same as here.
+    ``processes=None`` without Ray means one worker.
 
     Raises :class:`~birdenv.errors.WorkerStartError` when a worker dies before it is ready: that
     is a setup problem (most often a script that calls this without an ``if __name__ ==
@@ -88,6 +94,7 @@ def judge_many(
             order=order,
             # Workers fork from a server that has imported the judge once, not each on its own.
             preload=["birdenv.judge"],
+            ray=ray,
         )
         for index, verdict in enumerate(verdicts):
             if timings is not None:  # a killed instance took at least its deadline
