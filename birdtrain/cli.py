@@ -2,7 +2,8 @@
 
     birdtrain curriculum (--preset NAME | --config FILE.yaml) [key=value ...]
     birdtrain synth | stage1 | stage2 | stage3 | stage4 (--preset NAME | --config FILE) [key=value ...]
-    birdtrain eval --policy MODEL|oracle|echo|scripted [--suite S | --tasks T --db-dir D] ...
+    birdtrain eval (--policy MODEL|oracle|echo|scripted | --endpoint URL --endpoint-model NAME)
+                   [--suite S | --tasks T --db-dir D] ...
     birdtrain mixture (--preset NAME | --config FILE) [key=value ...]
     birdtrain difficulty (--preset NAME | --config FILE) [--stage stage3|stage4] [--model PATH]
     birdtrain report RUN_DIR
@@ -30,7 +31,7 @@ def _config_from(args: argparse.Namespace) -> Any:
     from birdtrain.config import load_config
 
     if not args.preset and not args.config:
-        raise SystemExit("birdtrain: give --preset NAME or --config FILE.yaml")
+        raise ValueError("give --preset NAME or --config FILE.yaml")
     cfg = load_config(args.preset, args.config, args.overrides)
     if args.output_dir:
         cfg.output_dir = args.output_dir
@@ -114,9 +115,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     )
     if args.limit:
         tasks = tasks[: args.limit]
-    policy = args.policy
-    if args.endpoint:
-        policy = f"endpoint:{args.endpoint_model}@{args.endpoint}"
+    if args.endpoint and (args.policy or not args.endpoint_model):
+        raise ValueError("--endpoint takes --endpoint-model NAME, and no --policy")
+    policy = f"endpoint:{args.endpoint_model}@{args.endpoint}" if args.endpoint else args.policy
+    policy = policy or "scripted"
     summary = evaluate_policy(
         policy,
         tasks=tasks,
@@ -128,7 +130,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         num_envs=args.num_envs,
         engine=args.engine,
-        label=args.label or Path(str(args.policy)).name,
+        label=args.label,
         suite=args.tasks or args.suite,
     )
     print(summary["table"])
@@ -167,6 +169,12 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="birdtrain", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show the libraries' progress bars, logs and warnings, and tracebacks of errors",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     curriculum = commands.add_parser(
         "curriculum", help="run (or resume) stages 1-4 with evaluation"
@@ -203,8 +211,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--policy",
-        default="scripted",
-        help="model path or name (tiny, smollm), or oracle/echo/scripted",
+        help="model path or name (tiny, smollm), or oracle/echo/scripted (default: scripted)",
     )
     ev.add_argument(
         "--endpoint", help="an OpenAI-compatible endpoint to evaluate instead of a local model"
@@ -232,7 +239,9 @@ def _build_parser() -> argparse.ArgumentParser:
         help="generation for a local model (auto: vLLM when installed with a GPU)",
     )
     ev.add_argument("--out", default="runs/eval", help="output folder")
-    ev.add_argument("--label", help="name of this policy in reports")
+    ev.add_argument(
+        "--label", help="name of this policy in reports (default: the model's or endpoint's)"
+    )
     ev.set_defaults(func=_cmd_eval)
 
     report = commands.add_parser("report", help="write RUN_DIR/report/report.html")
@@ -249,15 +258,48 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _set_verbosity(verbose: bool) -> None:
+    """Without ``-v``, the libraries keep quiet: no progress bars of their internal steps
+    (tokenizing, writing shards, loading weights, training steps) and only errors in their logs.
+    Our own output is one line per stage and per evaluation."""
+    if verbose:
+        return
+    # Read when each library is imported: most are imported later, lazily.
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("DATASETS_VERBOSITY", "error")
+    if "transformers" in sys.modules:  # imported already (a caller's process): tell it directly
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.set_verbosity_error()
+        transformers_logging.disable_progress_bar()
+    if "datasets" in sys.modules:
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``birdtrain`` command."""
+    """Entry point of the ``birdtrain`` command.
+
+    Bad input (a file, a value, a name) ends in one line on stderr and exit status 2; ``-v`` shows
+    the traceback instead, and the libraries' own progress bars and logs.
+    """
+    from birdenv.errors import BirdEnvError
+    from birdtrain.data.teacher import TeacherError
+
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     args = _build_parser().parse_args(argv)
+    _set_verbosity(args.verbose)
     try:
         return args.func(args)
-    except ValueError as exc:
+    except (BirdEnvError, ValueError, TeacherError) as exc:
+        if args.verbose:
+            raise
         print(f"birdtrain: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, TeacherError) else 2
 
 
 if __name__ == "__main__":

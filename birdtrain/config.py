@@ -614,6 +614,24 @@ def _parse_value(text: str) -> Any:
     return yaml.safe_load(text)
 
 
+def _read_yaml(path: Path) -> Any:
+    """The YAML document of a configuration file; a ``ValueError`` naming the file, line and
+    column when it cannot be read."""
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the configuration ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason}): save it as UTF-8") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ValueError(f"{where}: not valid YAML ({problem})") from None
+
+
 def load_config(
     preset: str | None = None, path: str | Path | None = None, overrides: list[str] | None = None
 ) -> CurriculumConfig:
@@ -624,9 +642,7 @@ def load_config(
             raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         _merge(config, copy.deepcopy(PRESETS[preset]), "")
     if path is not None:
-        import yaml
-
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = _read_yaml(Path(path))
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a mapping at the top level")
         _merge(config, data, "")

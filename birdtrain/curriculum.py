@@ -110,7 +110,6 @@ def _resolve_mixture(cfg: Any, run_dir: Path) -> None:
     if cfg.data.mixture == "auto":
         from birdtrain.data.mixture import resolve_mixture
 
-        print("[mixture] estimating the weights (data.mixture: auto)")
         weights = resolve_mixture(cfg, run_dir)
         print(f"[mixture] weights: {weights} (evidence in {run_dir / 'mixture.json'})")
 
@@ -144,7 +143,6 @@ def run_stage(cfg: Any, stage: str, model_path: str, run_dir: Path) -> str:
         return model_path
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    print(f"[{stage}] starting from {model_path}")
     if stage in ("stage1", "stage2"):
         from birdtrain.stages import sft
 
@@ -162,7 +160,7 @@ def run_stage(cfg: Any, stage: str, model_path: str, run_dir: Path) -> str:
         checkpoint = trainer.run(cfg, model_path=model_path, out_dir=out_dir, tasks=tasks)
     elapsed = time.perf_counter() - started
     done.write_text(json.dumps({"checkpoint": str(checkpoint), "seconds": round(elapsed, 1)}))
-    print(f"[{stage}] done in {elapsed:.1f} s: {checkpoint}")
+    print(f"[{stage}] done in {elapsed:.1f} s from {model_path}: {checkpoint}")
     return str(checkpoint)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,9 @@ __all__ = [
     "prompt_corpus",
     "resolve_model",
 ]
+
+# A model hub repository id: ``name`` or ``org/name`` (never a path that starts with / . or ~).
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 #: Special tokens of the tiny model: the chat and tool-call markers of the Qwen3 template.
 SPECIAL_TOKENS = [
@@ -185,7 +189,11 @@ def build_smollm(path: str | Path) -> Path:
 
 
 def resolve_model(name_or_path: str, *, cache: str | Path | None = None) -> str:
-    """The local path (or hub id) of a policy name: builds ``tiny`` and ``smollm`` on first use."""
+    """The local path (or hub id) of a policy name: builds ``tiny`` and ``smollm`` on first use.
+
+    Anything else must be an existing path or look like a hub id (``org/name``); a ``ValueError``
+    names the choices otherwise.
+    """
     from birdenv.suites import home
 
     cache = Path(cache) if cache is not None else home() / "models"
@@ -200,7 +208,12 @@ def resolve_model(name_or_path: str, *, cache: str | Path | None = None) -> str:
         if not (target / "config.json").is_file():
             build_smollm(target)
         return str(target)
-    return name_or_path
+    if Path(name_or_path).expanduser().exists() or _HUB_ID.fullmatch(name_or_path):
+        return name_or_path
+    raise ValueError(
+        f"no model at {name_or_path}; names: tiny, smollm (or a model hub id such as "
+        "Qwen/Qwen2.5-Coder-7B-Instruct)"
+    )
 
 
 def load_tokenizer(name_or_path: str) -> Any:

@@ -15,21 +15,14 @@ response, opening the next assistant turn). Training sees exactly the ids the po
 :class:`Episode` is also the record of evaluation episodes (reference agents, endpoints) and of
 the trajectory store. The policies live in :mod:`birdtrain.policies`.
 
-Scheduling: every copy of the vector env is a *slot*. A slot is reset explicitly on its rollout's
-task (``reset(options={"task_id": ..., "reset_mask": one_slot})``) and stepped with the model's
-turn; slots without work receive an empty turn. Autoreset is never used to start an episode, and
-two of its traps are handled:
-
-- after ``terminated``/``truncated``, Gymnasium's default ``AutoresetMode.NEXT_STEP`` resets the
-  copy on its next step and ignores that action. A slot that finished is therefore stepped once
-  with an empty turn (draining the pending autoreset) before it is reset for its next rollout.
-- ``AsyncVectorEnv(shared_memory=False)`` (the only mode text spaces work in) does not clear a
-  worker's pending autoreset on an explicit ``reset`` in Gymnasium 1.4. Every step is therefore
-  checked: the copy's ``info["messages"]`` must end with the turn just sent, on the right task. A
-  rollout whose first turn was swallowed by a stale autoreset is reset again and the turn resent.
-
-With ``AutoresetMode.DISABLED`` a finished copy cannot be stepped at all, so idle finished slots
-are reset before the next step.
+Scheduling: every copy of the vector env is a *slot* (:class:`Scheduler`). A free slot is reset
+explicitly on its next rollout's task (``reset(options={"task_id": ..., "reset_mask": ...})``);
+every step carries the model's turns, and an empty turn to slots without work. The vector env must
+be built with ``autoreset_mode=AutoresetMode.DISABLED`` (:data:`AUTORESET_MODE`; ``make_vec(...,
+vector_kwargs=VECTOR_KWARGS)``): nothing then resets a copy behind the loop's back, so a turn
+is never swallowed by an autoreset (with ``NEXT_STEP``, Gymnasium 1.4's ``AsyncVectorEnv`` keeps a
+worker's pending autoreset across an explicit ``reset``), and a copy whose episode ended is reset
+before it is stepped again.
 """
 
 from __future__ import annotations
@@ -40,20 +33,30 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from birdenv.tools import TOOL_SCHEMAS, ToolCallError, parse_tool_call
 from birdtrain.policies import Policy
+from birdtrain.timeline import Timeline
 
 __all__ = [
+    "AUTORESET_MODE",
+    "VECTOR_KWARGS",
     "Episode",
     "Rollouts",
+    "Scheduler",
     "Segment",
     "collect",
     "prompt_ids",
     "submitted",
     "tool_suffix_ids",
 ]
+
+#: The one autoreset mode :func:`collect` steps vector envs in: copies are reset only explicitly.
+AUTORESET_MODE = gym.vector.AutoresetMode.DISABLED
+#: ``vector_kwargs`` for :func:`birdenv.vector.make_vec` that build a vector env :func:`collect` takes.
+VECTOR_KWARGS = {"autoreset_mode": AUTORESET_MODE}
 
 # Replaces an assistant turn's content while rendering the chat template, to find where the
 # template's own text around that turn begins and ends.
@@ -151,10 +154,11 @@ def submitted(messages: list[dict[str, Any]]) -> list[str]:
 
 
 class Rollouts(list):
-    """The episodes of one :func:`collect` call, plus the call's wall-clock split.
+    """The episodes of one :func:`collect` call, plus where the call's wall time went.
 
     ``generation_s`` is time spent in ``policy.generate``, ``env_s`` in the vector env's ``reset``
-    and ``step``; ``env_steps`` counts sub-environment steps that carried a model turn.
+    and ``step``; ``env_steps`` counts sub-environment steps that carried a model turn;
+    ``timeline`` holds those calls, and the judge's runs inside the steps, as intervals.
     """
 
     def __init__(self, items: Sequence[Episode] = ()) -> None:
@@ -162,6 +166,7 @@ class Rollouts(list):
         self.generation_s = 0.0
         self.env_s = 0.0
         self.env_steps = 0
+        self.timeline = Timeline()
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,7 +216,7 @@ def tool_suffix_ids(
 
 
 # --------------------------------------------------------------------------------------------
-# Vector-env plumbing
+# The loop
 
 
 def _unbatch(infos: dict[str, Any], i: int) -> dict[str, Any]:
@@ -231,26 +236,167 @@ def _unbatch(infos: dict[str, Any], i: int) -> dict[str, Any]:
     return out
 
 
-def _autoreset_mode(envs: Any) -> str:
+def _check_autoreset(envs: Any) -> None:
     mode = getattr(envs, "autoreset_mode", None) or envs.metadata.get("autoreset_mode")
-    return str(getattr(mode, "value", mode) or "NextStep")
+    if mode is None or gym.vector.AutoresetMode(mode) != AUTORESET_MODE:
+        raise ValueError(
+            f"collect needs a vector env with autoreset_mode=AutoresetMode.DISABLED, not {mode}: "
+            "build it with make_vec(..., vector_kwargs=birdtrain.rollout.VECTOR_KWARGS), or pass "
+            "autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED to SyncVectorEnv or "
+            "AsyncVectorEnv"
+        )
 
 
-def _onehot(n: int, indices: list[int]) -> np.ndarray:
-    mask = np.zeros(n, dtype=np.bool_)
-    mask[indices] = True
-    return mask
+class Scheduler:
+    """Which rollout each copy of a vector env (a *slot*) plays: every rollout of every task once,
+    each to the first free slot, in task order.
+
+    ``slots[i]`` is the rollout slot ``i`` plays (None: free) and ``contexts[i]`` its tokens so far.
+    ``ended[i]`` says that copy ``i``'s episode ended (or never began): it must be reset before it
+    is stepped again.
+    """
+
+    def __init__(self, num_slots: int, task_ids: Sequence[str], num_generations: int) -> None:
+        self.pending = deque(
+            Episode(task_id=str(t), group=g) for t in task_ids for g in range(num_generations)
+        )
+        self.order = {(e.task_id, e.group): k for k, e in enumerate(self.pending)}
+        self.slots: list[Episode | None] = [None] * num_slots
+        self.contexts: list[list[int]] = [[] for _ in range(num_slots)]
+        self.ended = [True] * num_slots
+        self.last_task = [str(task_ids[0]) if len(task_ids) else ""] * num_slots
+        self.done = Rollouts()
+
+    def busy(self) -> bool:
+        """True while rollouts are pending or in flight."""
+        return bool(self.pending) or bool(self.in_flight())
+
+    def in_flight(self) -> list[int]:
+        """The slots playing a rollout."""
+        return [i for i, episode in enumerate(self.slots) if episode is not None]
+
+    def assign(self) -> dict[int, str]:
+        """Slot → the task to reset it on: free slots take the next pending rollouts; a free slot
+        with nothing left to do whose copy ended restarts its last task, since every copy is
+        stepped."""
+        resets = {}
+        for i, episode in enumerate(self.slots):
+            if episode is None and self.pending:
+                self.slots[i] = self.pending.popleft()
+                resets[i] = self.last_task[i] = self.slots[i].task_id
+            elif episode is None and self.ended[i]:
+                resets[i] = self.last_task[i]
+        return resets
+
+    def finish(self, i: int, *, truncated: bool = False, error: str | None = None) -> None:
+        """Slot ``i``'s rollout is over: ``truncated`` (out of turns or context, kept) or broken
+        (``error``: dropped)."""
+        episode = self.slots[i]
+        episode.truncated = episode.truncated or truncated
+        if error is not None:
+            episode.dropped, episode.error = True, error
+        self.done.append(episode)
+        self.slots[i], self.contexts[i] = None, []
+
+    def break_all(self, exc: BaseException) -> None:
+        """A vector call failed. It cannot be pinned on one copy: every rollout in flight broke,
+        and every copy is reset before its next step."""
+        for i in self.in_flight():
+            self.finish(i, error=f"{type(exc).__name__}: {exc}")
+        self.ended = [True] * len(self.slots)
+
+    def timed(self, kind: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, its wall time charged to the call and to the rollouts in flight."""
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            end = time.perf_counter()
+            self.done.timeline.add(kind, start, end)
+            field = "generation_s" if kind == "generation" else "env_s"
+            setattr(self.done, field, getattr(self.done, field) + end - start)
+            for i in self.in_flight():
+                setattr(self.slots[i], field, getattr(self.slots[i], field) + end - start)
+
+    def result(self) -> Rollouts:
+        """The finished rollouts, by task then group."""
+        self.done.sort(key=lambda e: self.order[(e.task_id, e.group)])
+        return self.done
 
 
-@dataclasses.dataclass
-class _Slot:
-    traj: Episode | None = None
-    context: list[int] = dataclasses.field(default_factory=list)
-    action: str | None = None  # the turn sent in the current step
-    retried: bool = False
-    needs_drain: bool = False  # finished in NEXT_STEP mode: its next step is an autoreset
-    finished: bool = True  # the copy's episode has ended (DISABLED mode must reset it)
-    last_task: str | None = None
+def _reset(envs: Any, plan: Scheduler, resets: dict[int, str], tokenizer: Any) -> None:
+    """Reset the slots on their tasks, one vector ``reset`` per task, and start their rollouts."""
+    for task_id in dict.fromkeys(resets.values()):
+        mask = np.array([resets.get(i) == task_id for i in range(envs.num_envs)])
+        _, infos = plan.timed("env", envs.reset, options={"task_id": task_id, "reset_mask": mask})
+        for i in np.flatnonzero(mask):
+            plan.ended[i] = False
+            episode = plan.slots[i]
+            if episode is not None and not episode.messages:
+                episode.messages = [dict(m) for m in _unbatch(infos, i)["messages"]]
+                episode.prompt_ids = prompt_ids(tokenizer, episode.messages)
+                plan.contexts[i] = list(episode.prompt_ids)
+
+
+def _take_turn(
+    episode: Episode, context: list[int], ids: list[int], logps: list[float], tokenizer: Any
+) -> str:
+    """Record a generated turn; return its text, the action the env is stepped with."""
+    episode.segments.append(Segment(list(ids), True, [float(x) for x in logps]))
+    context += ids
+    episode.turns += 1
+    body = ids[:-1] if ids and ids[-1] == tokenizer.eos_token_id else ids
+    action = tokenizer.decode(body, skip_special_tokens=False)
+    try:
+        parse_tool_call(action)
+        episode.tool_calls += 1
+    except ToolCallError:
+        episode.invalid_calls += 1
+    return action
+
+
+def _take_step(
+    plan: Scheduler,
+    i: int,
+    action: str,
+    outcome: tuple[dict[str, Any], float, bool, bool],
+    *,
+    max_turns: int,
+    max_context: int,
+    tokenizer: Any,
+) -> None:
+    """Record what the env answered slot ``i``'s turn; end the rollout or queue the tool block."""
+    info, reward, terminated, truncated = outcome
+    episode, context = plan.slots[i], plan.contexts[i]
+    messages = info.get("messages") or []
+    if info.get("task_id") != episode.task_id or messages[-2:-1] != [
+        {"role": "assistant", "content": action}
+    ]:  # an env that resets behind the loop's back (a wrapper, another autoreset) broke it
+        plan.finish(
+            i, error=f"the environment did not record the turn (task {info.get('task_id')!r})"
+        )
+        return
+    episode.messages = [dict(m) for m in messages]
+    episode.statement_s.append(info.get("elapsed"))  # None unless the turn ran a statement
+    if terminated or truncated:
+        episode.reward, episode.verdict = reward, info.get("verdict")
+        if episode.verdict:  # the judge ran at the end of this step
+            end = time.perf_counter()
+            plan.done.timeline.add("judge", end - episode.verdict["timings"]["total"], end)
+        plan.finish(i, truncated=truncated and not terminated)
+        return
+    if episode.turns >= max_turns:  # out of turns: the copy's episode is abandoned
+        plan.finish(i, truncated=True)
+        return
+    ended_with_eos = (
+        bool(episode.segments[-1].ids) and episode.segments[-1].ids[-1] == tokenizer.eos_token_id
+    )
+    suffix = tool_suffix_ids(tokenizer, messages, turn_ended_with_eos=ended_with_eos)
+    if len(context) + len(suffix) >= max_context:
+        plan.finish(i, truncated=True)
+        return
+    episode.segments.append(Segment(suffix, False, [0.0] * len(suffix)))
+    context += suffix
 
 
 def collect(
@@ -267,9 +413,9 @@ def collect(
     """Run ``num_generations`` rollouts of each task in ``task_ids`` and return them in task order.
 
     Args:
-        envs: Any ``gymnasium.vector.VectorEnv`` of ``BirdCriticEnv`` (any autoreset mode).
-        policy: A :class:`Policy` (e.g. :class:`~birdtrain.policies.TransformersPolicy`).
-        task_ids: Tasks to roll out; trajectory ``g`` of task ``t`` has ``task_id=t, group=g``.
+        envs: A ``gymnasium.vector.VectorEnv`` of the birdenv envs with ``autoreset_mode`` :data:`AUTORESET_MODE`.
+        policy: A :class:`~birdtrain.policies.Policy` (e.g. :class:`~birdtrain.policies.TransformersPolicy`).
+        task_ids: Tasks to roll out; rollout ``g`` of task ``t`` has ``task_id=t, group=g``.
         num_generations: Rollouts per task (the GRPO group size).
         max_turns: Assistant turns before a rollout is truncated (reward 0).
         max_new_tokens: Tokens per assistant turn.
@@ -277,196 +423,63 @@ def collect(
         max_context: Tokens of context; a rollout that fills it is truncated (reward 0).
 
     Returns:
-        :class:`Rollouts`: ``len(task_ids) * num_generations`` trajectories, ordered by task then
-        group, with the call's generation/env time split.
+        :class:`Rollouts`: ``len(task_ids) * num_generations`` episodes, ordered by task then
+        group, with the call's time split. A rollout whose env call failed is ``dropped``.
     """
+    _check_autoreset(envs)
     tokenizer = policy.tokenizer
-    n = envs.num_envs
-    mode = _autoreset_mode(envs)
-    pending = deque(
-        Episode(task_id=str(t), group=g) for t in task_ids for g in range(num_generations)
-    )
-    done = Rollouts()
-    order = {(t.task_id, t.group): k for k, t in enumerate(pending)}
-    slots = [_Slot() for _ in range(n)]
-    fresh = True  # the copies' state is unknown before the first reset
-
-    def timed_env(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+    plan = Scheduler(envs.num_envs, task_ids, num_generations)
+    while plan.busy():
+        # 1. Free slots start their next rollouts; an idle copy whose episode ended is reset too.
         try:
-            return fn(*args, **kwargs)
-        finally:
-            elapsed = time.perf_counter() - start
-            done.env_s += elapsed
-            for slot in slots:
-                if slot.traj is not None:
-                    slot.traj.env_s += elapsed
-
-    def finish(slot: _Slot) -> None:
-        assert slot.traj is not None
-        done.append(slot.traj)
-        slot.traj, slot.context, slot.action, slot.retried = None, [], None, False
-
-    def break_all(exc: BaseException) -> None:
-        # A failed vector call cannot be attributed to one copy: every rollout in flight broke.
-        for slot in slots:
-            if slot.traj is not None:
-                slot.traj.dropped, slot.traj.error = True, f"{type(exc).__name__}: {exc}"
-                finish(slot)
-            slot.finished, slot.needs_drain = True, False
-
-    def reset_slots(assign: dict[int, str]) -> dict[int, tuple[str, dict[str, Any]]]:
-        """Reset the given slots on their tasks, one vector ``reset`` per distinct task."""
-        by_task: dict[str, list[int]] = {}
-        for i, task_id in assign.items():
-            by_task.setdefault(task_id, []).append(i)
-        results = {}
-        for task_id, indices in by_task.items():
-            obs, infos = timed_env(
-                envs.reset, options={"task_id": task_id, "reset_mask": _onehot(n, indices)}
-            )
-            for i in indices:
-                results[i] = (obs[i], _unbatch(infos, i))
-                slots[i].finished, slots[i].needs_drain = False, False
-                slots[i].last_task = task_id
-        return results
-
-    def start(slot_index: int, traj: Episode, info: dict[str, Any]) -> None:
-        slot = slots[slot_index]
-        if info.get("task_id") != traj.task_id:
-            raise RuntimeError(
-                f"slot {slot_index} was reset on {traj.task_id!r} but reports {info.get('task_id')!r}"
-            )
-        traj.messages = [dict(m) for m in info["messages"]]
-        traj.prompt_ids = prompt_ids(tokenizer, traj.messages)
-        slot.traj, slot.context = traj, list(traj.prompt_ids)
-
-    while pending or any(s.traj is not None for s in slots):
-        # 1. Give free slots new rollouts (explicit reset on the task; never autoreset).
-        assign: dict[int, str] = {}
-        for i, slot in enumerate(slots):
-            if slot.traj is None and not slot.needs_drain and pending:
-                traj = pending.popleft()
-                assign[i] = traj.task_id
-                slot.traj = traj
-            elif fresh or (slot.traj is None and slot.finished and mode == "Disabled"):
-                # Every copy is stepped; one that was never reset (or cannot step) gets a task.
-                assign[i] = slot.last_task or str(task_ids[0])
-        fresh = False
-        if assign:
-            try:
-                results = reset_slots(assign)
-            except Exception as exc:
-                break_all(exc)
-                continue
-            for i, (_, info) in results.items():
-                if slots[i].traj is not None and not slots[i].traj.segments:
-                    try:
-                        start(i, slots[i].traj, info)
-                    except Exception as exc:
-                        slots[i].traj.dropped, slots[i].traj.error = True, str(exc)
-                        finish(slots[i])
-        # 2. Generate a turn for every slot that needs one, in one batch.
-        active = [i for i, s in enumerate(slots) if s.traj is not None and s.action is None]
-        if active:
-            budgets = {i: min(max_new_tokens, max_context - len(slots[i].context)) for i in active}
-            for i in [i for i in active if budgets[i] <= 0]:
-                slots[i].traj.truncated = True
-                finish(slots[i])
-            active = [i for i in active if budgets[i] > 0]
-        if active:
-            start_t = time.perf_counter()
-            outputs = policy.generate(
-                [slots[i].context for i in active],
-                max_new_tokens=max(budgets[i] for i in active),
-                temperature=temperature,
-            )
-            elapsed = time.perf_counter() - start_t
-            done.generation_s += elapsed
-            for i, (ids, lps) in zip(active, outputs, strict=True):
-                slot = slots[i]
-                ids, lps = list(ids[: budgets[i]]), [float(x) for x in lps[: budgets[i]]]
-                slot.traj.generation_s += elapsed
-                slot.traj.segments.append(Segment(ids, True, lps))
-                slot.context += ids
-                slot.traj.turns += 1
-                body = ids[:-1] if ids and ids[-1] == tokenizer.eos_token_id else ids
-                slot.action = tokenizer.decode(body, skip_special_tokens=False)
-                try:
-                    parse_tool_call(slot.action)
-                    slot.traj.tool_calls += 1
-                except ToolCallError:
-                    slot.traj.invalid_calls += 1
-        if not any(s.traj is not None for s in slots) and not (
-            pending and any(s.needs_drain for s in slots)
-        ):
-            continue
-        # 3. Step every copy: the model's turns, an empty turn for the rest.
-        actions = [s.action if s.traj is not None and s.action is not None else "" for s in slots]
-        try:
-            _obs, rewards, terminated, truncated, infos = timed_env(envs.step, tuple(actions))
+            _reset(envs, plan, plan.assign(), tokenizer)
         except Exception as exc:
-            break_all(exc)
+            plan.break_all(exc)
             continue
-        done.env_steps += sum(1 for s in slots if s.traj is not None)
-        for i, slot in enumerate(slots):
-            ended = bool(terminated[i] or truncated[i])
-            if slot.traj is None:
-                # An idle copy: an autoreset step clears a pending reset; a new episode may end.
-                slot.needs_drain = ended and mode == "NextStep"
-                slot.finished = ended or (slot.finished and mode != "NextStep")
-                continue
-            info = _unbatch(infos, i)
-            if ended and mode == "SameStep":
-                info = _unbatch(infos["final_info"], i) if "final_info" in infos else info
-            traj, action = slot.traj, slot.action
-            messages = info.get("messages") or []
-            if (
-                info.get("task_id") != traj.task_id
-                or len(messages) < 2
-                or messages[-2] != {"role": "assistant", "content": action}
-            ):
-                # A stale autoreset swallowed the turn (see the module docstring): reset and resend.
-                if not slot.retried and traj.turns == 1 and not ended:
-                    slot.retried = True
-                    try:
-                        _, again = reset_slots({i: traj.task_id})[i]
-                    except Exception as exc:
-                        break_all(exc)
-                        break
-                    if again.get("messages") == traj.messages:
-                        continue  # same prompt; the same turn goes out in the next step
-                traj.dropped = True
-                traj.error = (
-                    f"the environment did not record the turn (task {info.get('task_id')!r})"
-                )
-                slot.needs_drain, slot.finished = ended and mode == "NextStep", True
-                finish(slot)
-                continue
-            traj.messages = [dict(m) for m in messages]
-            traj.statement_s.append(info.get("elapsed"))  # None unless the turn ran a statement
-            slot.action = None
-            if ended:
-                traj.reward = float(rewards[i])
-                traj.verdict = info.get("verdict")
-                traj.truncated = bool(truncated[i]) and not bool(terminated[i])
-                slot.needs_drain, slot.finished = mode == "NextStep", True
-                finish(slot)
-            elif traj.turns >= max_turns:
-                # Out of turns without a submission: the copy's episode is abandoned, and the copy
-                # is reset explicitly before its next rollout.
-                traj.truncated, slot.finished = True, True
-                finish(slot)
-            else:
-                ended_with_eos = bool(
-                    traj.segments[-1].ids and traj.segments[-1].ids[-1] == tokenizer.eos_token_id
-                )
-                suffix = tool_suffix_ids(tokenizer, messages, turn_ended_with_eos=ended_with_eos)
-                if len(slot.context) + len(suffix) >= max_context:
-                    traj.truncated, slot.finished = True, True
-                    finish(slot)
-                    continue
-                traj.segments.append(Segment(suffix, False, [0.0] * len(suffix)))
-                slot.context += suffix
-    done.sort(key=lambda t: order[(t.task_id, t.group)])
-    return done
+        # 2. One turn for every rollout in flight, in one batch; a full context truncates.
+        budgets = {
+            i: min(max_new_tokens, max_context - len(plan.contexts[i])) for i in plan.in_flight()
+        }
+        for i in [i for i, budget in budgets.items() if budget <= 0]:
+            plan.finish(i, truncated=True)
+            del budgets[i]
+        if not budgets:
+            continue
+        contexts = [plan.contexts[i] for i in budgets]
+        outputs = plan.timed(
+            "generation",
+            policy.generate,
+            contexts,
+            max_new_tokens=max(budgets.values()),
+            temperature=temperature,
+        )
+        actions = [""] * envs.num_envs  # idle copies get an empty turn
+        for (i, budget), (ids, logps) in zip(budgets.items(), outputs, strict=True):
+            actions[i] = _take_turn(
+                plan.slots[i], plan.contexts[i], ids[:budget], logps[:budget], tokenizer
+            )
+        # 3. Step every copy.
+        try:
+            _, rewards, terminated, truncated, infos = plan.timed("env", envs.step, tuple(actions))
+        except Exception as exc:
+            plan.break_all(exc)
+            continue
+        plan.done.env_steps += len(budgets)
+        plan.ended = [bool(t or u) for t, u in zip(terminated, truncated, strict=True)]
+        for i in budgets:
+            outcome = (
+                _unbatch(infos, i),
+                float(rewards[i]),
+                bool(terminated[i]),
+                bool(truncated[i]),
+            )
+            _take_step(
+                plan,
+                i,
+                actions[i],
+                outcome,
+                max_turns=max_turns,
+                max_context=max_context,
+                tokenizer=tokenizer,
+            )
+    return plan.result()

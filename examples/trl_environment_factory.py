@@ -23,6 +23,7 @@ trainer = GRPOTrainer(
         num_generations=2,
         max_completion_length=32,
         max_steps=2,
+        logging_steps=1,  # TRL logs every 500 steps by default: none in a two-step run
         report_to=[],
         use_cpu=True,
         max_tool_calling_iterations=2,
@@ -31,4 +32,6 @@ trainer = GRPOTrainer(
     environment_factory=functools.partial(BirdCriticTRLEnv, tasks=tasks),
 )
 trainer.train()
-print([entry for entry in trainer.state.log_history if "loss" in entry])
+for entry in trainer.state.log_history:
+    if "loss" in entry:
+        print(f"step {entry['step']}: loss {entry['loss']:.4f}, reward {entry['reward']:.3f}")

@@ -1,10 +1,16 @@
-"""Shared fixtures: small real SQLite databases in the official layout, and replica pools."""
+"""Shared fixtures: small real SQLite databases in the official layout, replica pools, and a
+strict OpenAI-compatible chat endpoint on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +23,7 @@ from private_network import (  # noqa: F401
 
 from birdenv.replicas import ReplicaPool, overlay
 from birdenv.tasks import load_tasks
+from birdenv.tools import ToolCallError, parse_tool_call
 
 SHOP_SQL = """
 CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, city TEXT, joined TEXT);
@@ -111,3 +118,177 @@ def pool(request: pytest.FixtureRequest, tmp_path: Path):
     """A replica pool on a private root, once per available strategy."""
     with ReplicaPool(root=tmp_path / "replicas", strategy=request.param) as p:
         yield p
+
+
+# -- a strict OpenAI-compatible chat endpoint on loopback ------------------------------------------
+_MESSAGE_KEYS = {
+    "system": {"role", "content", "name"},
+    "user": {"role", "content", "name"},
+    "assistant": {"role", "content", "tool_calls", "name"},
+    "tool": {"role", "content", "tool_call_id"},
+}
+
+
+def openai_violation(body: dict) -> str | None:
+    """What in a ``/v1/chat/completions`` request breaks OpenAI's chat and tool-calling form, or
+    None. Strict as OpenAI's API and vLLM with a tool parser are: every tool call has an id and
+    JSON arguments, every ``tool`` message answers a call of the assistant message before it by
+    ``tool_call_id``, and an earlier tool call may not travel as assistant text."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages must be a non-empty list"
+    unanswered: set[str] = set()
+    for k, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in _MESSAGE_KEYS:
+            return f"messages[{k}]: unknown role {role!r}"
+        if set(message) - _MESSAGE_KEYS[role]:
+            return f"messages[{k}]: unexpected keys {sorted(set(message) - _MESSAGE_KEYS[role])}"
+        content = message.get("content")
+        if role == "tool":
+            if message.get("tool_call_id") not in unanswered:
+                return f"messages[{k}]: a tool message must answer a tool call by its tool_call_id"
+            unanswered.discard(message["tool_call_id"])
+        elif unanswered:
+            return f"messages[{k}]: tool calls {sorted(unanswered)} were not answered"
+        if role == "assistant":
+            calls = message.get("tool_calls")
+            if content is None and not calls:
+                return f"messages[{k}]: an assistant message needs content or tool_calls"
+            if isinstance(content, str):
+                with contextlib.suppress(ToolCallError):
+                    parse_tool_call(content)
+                    return f"messages[{k}]: a tool call sent as assistant text, not in tool_calls"
+            for call in calls or []:
+                function = call.get("function") or {}
+                if not isinstance(call.get("id"), str) or call.get("type") != "function":
+                    return f"messages[{k}]: a tool call needs an id and type 'function'"
+                if not isinstance(function.get("name"), str):
+                    return f"messages[{k}]: a tool call needs a function name"
+                try:
+                    if not isinstance(json.loads(function.get("arguments")), dict):
+                        raise ValueError
+                except (TypeError, ValueError):
+                    return f"messages[{k}]: tool call arguments must be a JSON object string"
+                unanswered.add(call["id"])
+        if content is not None and not isinstance(content, str):
+            return f"messages[{k}]: content must be a string"
+        if role != "assistant" and content is None:
+            return f"messages[{k}]: a {role} message needs content"
+    return None
+
+
+class ChatServer:
+    """A strict OpenAI-compatible chat endpoint on loopback running a model with ``generate``.
+
+    A request that breaks OpenAI's form gets HTTP 400 with the reason (:func:`openai_violation`).
+    Replies that hold one tool call come back in ``tool_calls``, the way a server with a tool
+    parser answers. ``scripted`` replies are given first, in order, instead of the model's.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.requests: list[dict] = []
+        self.replies: list[str] = []
+        self.scripted: list[str] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path.startswith("/broken/"):
+                    return self._send(200, b"<html>not an API</html>")
+                if self.path != "/v1/chat/completions":
+                    return self._send(
+                        404, b'{"error": {"message": "no route ' + self.path.encode() + b'"}}'
+                    )
+                violation = openai_violation(body)
+                if violation is not None:
+                    return self._send(400, json.dumps({"error": {"message": violation}}).encode())
+                server.requests.append(body)
+                if server.scripted:
+                    return self._reply(body, server.scripted.pop(0))
+                import torch
+
+                ids = tokenizer.apply_chat_template(
+                    body["messages"],
+                    tools=body.get("tools"),
+                    add_generation_prompt=True,
+                    return_tensors="pt",
+                    return_dict=True,
+                )
+                torch.manual_seed(len(server.requests))
+                out = model.generate(
+                    **ids,
+                    max_new_tokens=body.get("max_tokens", 12),
+                    min_new_tokens=4,
+                    do_sample=True,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+                text = tokenizer.decode(
+                    out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True
+                )
+                self._reply(body, text.strip() or "x")
+
+            def _reply(self, body: dict, text: str) -> None:
+                server.replies.append(text)
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                try:
+                    call = parse_tool_call(text)
+                except ToolCallError:
+                    call = None
+                if call is not None:
+                    before = text[: text.index("<tool_call>")].removesuffix("\n")
+                    arguments = json.dumps(call.arguments)
+                    message = {
+                        "role": "assistant",
+                        "content": before or None,
+                        "tool_calls": [
+                            {
+                                "id": f"call_{len(server.replies)}",
+                                "type": "function",
+                                "function": {"name": call.name, "arguments": arguments},
+                            }
+                        ],
+                    }
+                reply = {
+                    "object": "chat.completion",
+                    "model": body["model"],
+                    "choices": [{"index": 0, "message": message}],
+                }
+                self._send(200, json.dumps(reply).encode())
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        """Stop serving."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="session")
+def chat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatServer]:
+    """A strict OpenAI-compatible endpoint serving the tiny random model (train extra)."""
+    pytest.importorskip("transformers", reason="the endpoint's model needs the train extra")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from birdtrain.models import build_tiny_model
+
+    path = build_tiny_model(tmp_path_factory.mktemp("endpoint-model"))
+    server = ChatServer(
+        AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    )
+    yield server
+    server.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import pytest
 
 import birdenv  # noqa: F401 - registers BirdCritic-SQLite-v0
@@ -19,6 +20,8 @@ pytest.importorskip("trl", reason="TRL is in the train extra")
 
 from birdtrain import rollout
 from birdtrain.config import load_config
+
+DISABLED = rollout.VECTOR_KWARGS  # the one autoreset mode collect takes
 
 FIX_1 = "SELECT name FROM customers WHERE city IS NULL"
 WRONG_1 = "SELECT name FROM customers"
@@ -147,7 +150,9 @@ def test_rollout_token_accounting_and_judge_rewards(
 ) -> None:
     by_id = {t.instance_id: t for t in shop_tasks}
     policy = ScriptedPolicy(tokenizer, shop_tasks)
-    with contextlib.closing(make_vec(3, tasks=shop_tasks, asynchronous=asynchronous)) as envs:
+    with contextlib.closing(
+        make_vec(3, tasks=shop_tasks, asynchronous=asynchronous, vector_kwargs=DISABLED)
+    ) as envs:
         first = _collect(envs, policy, ["shop_1", "shop_3"])
         # Reusing the env (slots whose episode just ended) still rolls out the requested tasks.
         again = _collect(envs, policy, ["shop_1"], num_generations=4)
@@ -180,7 +185,9 @@ def test_rollout_token_accounting_and_judge_rewards(
 
 def test_context_limit_truncates_without_dropping(shop_tasks: list, tokenizer: Any) -> None:
     policy = ScriptedPolicy(tokenizer, shop_tasks)
-    with contextlib.closing(make_vec(2, tasks=shop_tasks, asynchronous=False)) as envs:
+    with contextlib.closing(
+        make_vec(2, tasks=shop_tasks, asynchronous=False, vector_kwargs=DISABLED)
+    ) as envs:
         prompt_len = len(_collect(envs, policy, ["shop_1"], num_generations=1)[0].prompt_ids)
         [traj] = _collect(envs, policy, ["shop_1"], num_generations=1, max_context=prompt_len + 40)
     assert traj.truncated and not traj.dropped and traj.verdict is None and traj.reward == 0.0
@@ -192,7 +199,7 @@ def test_broken_env_is_dropped(shop_tasks: list, tokenizer: Any) -> None:
     fns = [
         lambda: BrokenOnBoom(gym.make("BirdCritic-SQLite-v0", tasks=shop_tasks)) for _ in range(2)
     ]
-    with contextlib.closing(gym.vector.SyncVectorEnv(fns)) as envs:
+    with contextlib.closing(gym.vector.SyncVectorEnv(fns, **DISABLED)) as envs:
         broken = _collect(envs, ScriptedPolicy(tokenizer, shop_tasks, boom), ["shop_1"])
         assert [t.dropped for t in broken] == [True, True]
         assert "the database worker died" in broken[0].error
@@ -202,21 +209,49 @@ def test_broken_env_is_dropped(shop_tasks: list, tokenizer: Any) -> None:
     assert sorted(t.reward for t in fine) == [0.0, 1.0]
 
 
-@pytest.mark.parametrize(
-    "mode",
-    [gym.vector.AutoresetMode.SAME_STEP, gym.vector.AutoresetMode.DISABLED],
-    ids=["same-step", "disabled"],
-)
-def test_user_built_vector_env(mode: Any, shop_tasks: list, tokenizer: Any) -> None:
-    """A SyncVectorEnv the user builds from gym.make, in either non-default autoreset mode."""
+def test_user_built_vector_env(shop_tasks: list, tokenizer: Any) -> None:
+    """A SyncVectorEnv the user builds from gym.make works in the autoreset mode collect takes;
+    the other modes are refused with the way to build one."""
     fns = [lambda: gym.make("BirdCritic-SQLite-v0", tasks=shop_tasks) for _ in range(3)]
-    with contextlib.closing(gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)) as envs:
+    with contextlib.closing(gym.vector.SyncVectorEnv(fns, **DISABLED)) as envs:
         trajs = _collect(envs, ScriptedPolicy(tokenizer, shop_tasks), ["shop_1", "shop_3"])
         trajs += _collect(envs, ScriptedPolicy(tokenizer, shop_tasks), ["shop_1"])
     assert not any(t.dropped for t in trajs)
     for traj in trajs:
         _check_accounting(traj, tokenizer)
     assert [t.reward for t in trajs] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    for mode in (gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.SAME_STEP):
+        envs = gym.vector.SyncVectorEnv(fns[:1], autoreset_mode=mode)
+        with contextlib.closing(envs), pytest.raises(ValueError, match=r"DISABLED.*VECTOR_KWARGS"):
+            _collect(envs, ScriptedPolicy(tokenizer, shop_tasks), ["shop_1"])
+
+
+@pytest.mark.parametrize(
+    ("mode", "recorded"),
+    [(gym.vector.AutoresetMode.NEXT_STEP, False), (gym.vector.AutoresetMode.DISABLED, True)],
+    ids=["next-step", "disabled"],
+)
+def test_an_explicit_reset_leaves_no_pending_autoreset(
+    mode: Any, recorded: bool, shop_tasks: list
+) -> None:
+    """Why collect takes one autoreset mode. In Gymnasium 1.4 an ``AsyncVectorEnv`` worker (text
+    spaces need ``shared_memory=False``) keeps the autoreset pending from an episode's end across
+    an explicit ``reset``, so with ``NEXT_STEP`` the first turn after it is swallowed by a second
+    reset. With autoreset disabled nothing is pending, so every turn lands: collect needs no retry.
+    """
+    submit = format_tool_call("submit_solution", sql_list=[FIX_1])
+    explore = format_tool_call("execute_sql", sql="SELECT 1")
+    with contextlib.closing(
+        make_vec(1, tasks=shop_tasks, asynchronous=True, vector_kwargs={"autoreset_mode": mode})
+    ) as envs:
+        envs.reset(options={"task_id": "shop_1"})
+        _, _, terminated, _, _ = envs.step((submit,))
+        assert terminated[0]
+        envs.reset(options={"task_id": "shop_3", "reset_mask": np.array([True])})
+        _, _, _, _, infos = envs.step((explore,))
+    messages = infos["messages"][0]
+    assert infos["task_id"][0] == "shop_3" or not recorded
+    assert (messages[-2:-1] == [{"role": "assistant", "content": explore}]) == recorded
 
 
 def _stage4_config(**stage4: Any) -> Any:
@@ -245,7 +280,9 @@ def test_two_grpo_steps_sync_scripted_actor(shop_tasks: list, tiny: Path, tmp_pa
 
     tasks = [t for t in shop_tasks if t.instance_id in ("shop_1", "shop_3")]
     cfg = _stage4_config(vector="sync", max_new_tokens=200)
-    with contextlib.closing(make_vec(2, tasks=tasks, asynchronous=False)) as envs:
+    with contextlib.closing(
+        make_vec(2, tasks=tasks, asynchronous=False, vector_kwargs=DISABLED)
+    ) as envs:
         checkpoint = agentic.run(
             cfg,
             model_path=str(tiny),
@@ -299,7 +336,7 @@ def test_dropped_rollouts_get_no_reward_and_no_loss(shop_tasks: list, tokenizer:
     class Trainer:
         processing_class = tokenizer
 
-    with contextlib.closing(gym.vector.SyncVectorEnv(fns)) as envs:
+    with contextlib.closing(gym.vector.SyncVectorEnv(fns, **DISABLED)) as envs:
         func = make_rollout_func(
             envs, cfg.stage4, lambda trainer: ScriptedPolicy(tokenizer, shop_tasks, boom)
         )
@@ -331,7 +368,9 @@ def test_dynamic_sampling_replaces_groups_without_variance(
     class Trainer:
         processing_class = tokenizer
 
-    with contextlib.closing(make_vec(2, tasks=tasks, asynchronous=False)) as envs:
+    with contextlib.closing(
+        make_vec(2, tasks=tasks, asynchronous=False, vector_kwargs=DISABLED)
+    ) as envs:
         func = make_rollout_func(
             envs,
             cfg.stage4,
@@ -381,7 +420,9 @@ def test_fraction_reward_scores_bird_questions(tokenizer: Any) -> None:
     class Trainer:
         processing_class = tokenizer
 
-    with contextlib.closing(make_vec(2, tasks=[question], reward="fraction")) as envs:
+    with contextlib.closing(
+        make_vec(2, tasks=[question], reward="fraction", vector_kwargs=DISABLED)
+    ) as envs:
         func = make_rollout_func(
             envs, cfg.stage4, lambda trainer: Submits(tokenizer, [question.SQL])
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import subprocess
@@ -72,8 +74,28 @@ def test_evaluations_follow_eval_before_and_after(tmp_path: Path, capsys) -> Non
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("runs")
-    assert main(["curriculum", "--preset", "smoke", "--output-dir", str(out)]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["curriculum", "--preset", "smoke", "--output-dir", str(out)]) == 0
+    (out / "printed.txt").write_text(printed.getvalue())
     return out / "smoke"
+
+
+def test_the_curriculum_prints_one_line_per_stage_and_evaluation(smoke_run: Path) -> None:
+    """Quiet by default: no line per training step (metrics.jsonl has them), no library chatter."""
+    lines = (smoke_run.parent / "printed.txt").read_text().splitlines()
+    progress = [line.split("]")[0] + "]" for line in lines if line.startswith("[")]
+    assert progress == [
+        "[eval before]",
+        "[stage1]",
+        "[stage2]",
+        "[eval after_stage2]",
+        "[stage3]",
+        "[stage4]",
+        "[eval after_stage4]",
+    ]
+    summary = [line.split()[0] for line in lines if not line.startswith("[")]
+    assert summary == ["before", "after_stage2", "after_stage4", "run"], lines
 
 
 def test_smoke_curriculum_runs_all_four_stages(smoke_run: Path) -> None:

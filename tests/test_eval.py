@@ -9,11 +9,22 @@ import pytest
 
 from birdenv import load_tasks
 from birdenv.cli import main as birdenv_main
+from birdenv.tools import format_tool_call
 
 pytest.importorskip("duckdb", reason="the trajectory store needs the train extra")
 
 from birdtrain.cli import main
-from birdtrain.evaluate import evaluate_policy, pass_at_k
+from birdtrain.evaluate import evaluate_policy
+from birdtrain.stats import pass_at_k, wilson_interval
+from birdtrain.trajectory_store import TrajectoryStore
+
+
+def _check_time_split(summary: dict) -> None:
+    """The time split is a split of the evaluation's wall time: its parts add up to the total."""
+    split = summary["time_split"]
+    assert set(split) == {"generation_s", "env_s", "judge_s", "other_s"}
+    assert all(0 <= v <= summary["seconds"] + 0.01 for v in split.values()), split
+    assert abs(sum(split.values()) - summary["seconds"]) < 0.05, split
 
 
 @pytest.mark.parametrize(
@@ -25,6 +36,10 @@ def test_reference_policies_on_the_whole_eval_suite(
     summary = evaluate_policy(policy, tasks=load_tasks("critic-mini"), out_dir=tmp_path, num_envs=2)
     assert summary["success_rate"] == expected
     assert summary["n"] == len(load_tasks("critic-mini"))
+    _check_time_split(summary)
+    assert summary["time_split"]["env_s"] > 0 and summary["time_split"]["judge_s"] > 0
+    low, high = summary["ci95"]
+    assert low <= expected <= high and high - low > 1  # 69 tasks: an interval points wide
     assert {"Query", "Management", "Personalization"} <= set(summary["by_category"])
     assert "(measured here)" in summary["table"] and "BIRD-RL 7B" in summary["table"]
 
@@ -72,9 +87,15 @@ def test_predictions_are_what_the_official_form_expects(tmp_path: Path, capsys) 
     assert capsys.readouterr().out.strip() == "12"
 
 
-def test_pass_at_k_and_argument_errors(tmp_path: Path) -> None:
+def test_pass_at_k_intervals_and_argument_errors(tmp_path: Path) -> None:
     assert pass_at_k(5, 0, 1) == 0.0 and pass_at_k(5, 5, 3) == 1.0
     assert abs(pass_at_k(5, 2, 2) - 0.7) < 1e-9
+    # Wilson 95 % intervals (Agresti & Coull 1998, Table: 0/10 -> [0, 0.278], 10/10 -> [0.722, 1]).
+    assert [round(x, 3) for x in wilson_interval(0, 10)] == [0.0, 0.278]
+    assert [round(x, 3) for x in wilson_interval(10, 10)] == [0.722, 1.0]
+    low, high = wilson_interval(40, 100)
+    assert low < 0.4 < high and abs((high - low) - 0.19) < 0.01
+    assert wilson_interval(0, 0) == (0.0, 1.0)  # no trials: no information
     with pytest.raises(ValueError, match="temperature"):
         evaluate_policy("oracle", tasks=load_tasks("critic-mini")[:1], out_dir=tmp_path, n=2)
     with pytest.raises(ValueError, match="agent"):
@@ -173,6 +194,62 @@ def test_bird_single_mode_and_one_kind_per_evaluation(tmp_path: Path) -> None:
         max_new_tokens=8,
     )
     assert (summary["metric"], summary["n"], summary["execution_accuracy"]) == ("EX", 2, 0.0)
+    _check_time_split(summary)
+    assert summary["time_split"]["generation_s"] > 0  # judging two answers may round to 0.0 s
     verdicts = [json.loads(x) for x in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
     assert [v["status"] for v in verdicts] == ["failed", "failed"]
     assert all(v["verdict"]["instance_id"] == v["instance_id"] for v in verdicts)
+
+
+# -- an agent behind an OpenAI-compatible endpoint ------------------------------------------------
+def test_an_endpoint_agent_speaks_openai_tool_calls_and_is_labelled_by_its_model(
+    tmp_path: Path, chat_server, capsys
+) -> None:
+    """The strict endpoint refuses a conversation that is not in OpenAI's tool-calling form, and
+    the results go under the endpoint's model name."""
+    task = load_tasks("critic-mini")[0]
+    explore = "Look first.\n" + format_tool_call("execute_sql", sql="SELECT 1")
+    chat_server.scripted = [explore, format_tool_call("submit_solution", sql_list=task.sol_sql)]
+    before = len(chat_server.requests)
+    argv = ["eval", "--endpoint", chat_server.url, "--endpoint-model", "qwen-test", "--limit", "1"]
+    assert main([*argv, "--num-envs", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "qwen-test (measured here)" in out and "[eval qwen-test] SR 100.00%" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["label"], summary["success_rate"]) == ("qwen-test", 100.0)
+    _check_time_split(summary)
+    assert TrajectoryStore(tmp_path).query("SELECT DISTINCT run FROM trajectories") == [
+        ("qwen-test",)
+    ]
+    first, second = chat_server.requests[before:]
+    assert first["model"] == "qwen-test" and len(first["messages"]) == 1
+    call, answer = second["messages"][1:]
+    assert call["role"] == "assistant" and call["content"] == "Look first."
+    assert call["tool_calls"][0]["function"]["name"] == "execute_sql"
+    assert answer["role"] == "tool" and answer["tool_call_id"] == call["tool_calls"][0]["id"]
+    assert answer["content"].startswith("status: ok")
+
+
+# -- bad input: one line naming what is wrong, exit status 2 --------------------------------------
+def _one_line_error(argv: list[str], capsys) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("birdtrain: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_eval_of_an_unknown_suite(capsys) -> None:
+    assert "nope" in _one_line_error(["eval", "--policy", "oracle", "--suite", "nope"], capsys)
+
+
+def test_eval_of_a_model_path_that_does_not_exist(tmp_path: Path, capsys) -> None:
+    argv = ["eval", "--policy", "/no/such/dir", "--limit", "1", "--out", str(tmp_path)]
+    err = _one_line_error(argv, capsys)
+    assert "no model at /no/such/dir; names: tiny, smollm" in err
+
+
+def test_curriculum_with_malformed_yaml(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("name: mine\nstage3:\n  learning_rate: [1e-6\n")
+    err = _one_line_error(["curriculum", "--config", str(path)], capsys)
+    assert f"{path}:4:1: not valid YAML" in err

@@ -81,6 +81,7 @@ def _thirds(values: list[float]) -> tuple[float, float]:
 
 def test_stage4_grpo_raises_the_pass_rate(shop: list, tiny: str, tmp_path: Path) -> None:
     from birdenv.vector import make_vec
+    from birdtrain.rollout import VECTOR_KWARGS
     from birdtrain.stages import agentic, sft
 
     cfg = _config(
@@ -113,7 +114,13 @@ def test_stage4_grpo_raises_the_pass_rate(shop: list, tiny: str, tmp_path: Path)
                 messages = [*info["messages"], {"role": "assistant", "content": turn}]
                 examples.append({"messages": messages, "tools": TOOL_SCHEMAS})
     stage2 = sft.run(cfg, model_path=tiny, out_dir=tmp_path / "s2", examples=examples, stage=2)
-    envs = make_vec(8, tasks=shop, asynchronous=False, prompt_options=cfg.prompt.options())
+    envs = make_vec(
+        8,
+        tasks=shop,
+        asynchronous=False,
+        prompt_options=cfg.prompt.options(),
+        vector_kwargs=VECTOR_KWARGS,
+    )
     with contextlib.closing(envs):
         agentic.run(cfg, model_path=str(stage2), out_dir=tmp_path / "s4", tasks=shop, envs=envs)
     rewards = _rewards(tmp_path / "s4" / "metrics.jsonl", "agentic/reward_mean")
@@ -246,7 +253,9 @@ def test_grpo_sign_and_mask_on_a_one_token_choice(
     )
     model, tokenizer = load_policy(tiny)
     actor = AlternatingActor(tokenizer)
-    with contextlib.closing(gym.vector.SyncVectorEnv([ChoiceEnv] * 4)) as envs:
+    with contextlib.closing(
+        gym.vector.SyncVectorEnv([ChoiceEnv] * 4, **rollout.VECTOR_KWARGS)
+    ) as envs:
         (traj, *_) = rollout.collect(
             envs,
             actor,

@@ -351,11 +351,13 @@ def _rollout_first_turns(model_path: str, task_ids: list[str]) -> list[str]:
 
     from birdenv.vector import make_vec
     from birdtrain.policies import TransformersPolicy
-    from birdtrain.rollout import collect
+    from birdtrain.rollout import VECTOR_KWARGS, collect
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    envs = make_vec(len(task_ids), suite="critic-mini", asynchronous=False)
+    envs = make_vec(
+        len(task_ids), suite="critic-mini", asynchronous=False, vector_kwargs=VECTOR_KWARGS
+    )
     try:
         rollouts = collect(
             envs,

@@ -1,8 +1,9 @@
 """Synthetic data of stages 1 and 2, built on real bundled tasks, and a real teacher endpoint.
 
-The teacher is the tiny random model behind an OpenAI-compatible ``/v1/chat/completions`` served by
-an ``http.server`` thread on loopback (``transformers serve`` needs FastAPI and Uvicorn, which this
-environment does not install). Its text is junk: the tests check the plumbing.
+The teacher is the tiny random model behind a strict OpenAI-compatible ``/v1/chat/completions``
+served by an ``http.server`` thread on loopback (``chat_server`` in conftest.py; ``transformers
+serve`` needs FastAPI and Uvicorn, which this environment does not install). Its text is junk: the
+tests check the plumbing.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import gymnasium as gym
@@ -33,7 +32,7 @@ from birdtrain.data.bird import (
 )
 from birdtrain.data.evidence import describe_changes
 from birdtrain.data.reasoning import build_reasoning_examples
-from birdtrain.data.teacher import Teacher, TeacherError
+from birdtrain.data.teacher import Teacher, TeacherError, openai_messages
 from birdtrain.data.tool_use import build_tool_trajectories
 from birdtrain.prompts import parse_solution, single_turn_prompt
 from birdtrain.rewards import score_submission
@@ -206,94 +205,14 @@ def test_data_formats_with_the_chat_template(stage1, stage2, tiny):
 
 
 # -- the teacher, for real ----------------------------------------------------------------------
-class _Server:
-    """An OpenAI-compatible chat endpoint running the tiny model with ``generate``."""
-
-    def __init__(self, model, tokenizer) -> None:
-        self.requests: list[dict] = []
-        self.replies: list[str] = []
-        # Replies to give instead of the model's, first in first out (a teacher that plays well).
-        self.scripted: list[str] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def _send(self, code: int, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                if self.path.startswith("/broken/"):
-                    return self._send(200, b"<html>not an API</html>")
-                if self.path != "/v1/chat/completions":
-                    return self._send(
-                        404, b'{"error": {"message": "no route ' + self.path.encode() + b'"}}'
-                    )
-                server.requests.append(body)
-                if server.scripted:
-                    return self._reply(body, server.scripted.pop(0))
-                import torch
-
-                ids = tokenizer.apply_chat_template(
-                    body["messages"],
-                    tools=body.get("tools"),
-                    add_generation_prompt=True,
-                    return_tensors="pt",
-                    return_dict=True,
-                )
-                torch.manual_seed(len(server.requests))
-                out = model.generate(
-                    **ids,
-                    max_new_tokens=body.get("max_tokens", 12),
-                    min_new_tokens=4,
-                    do_sample=True,
-                    pad_token_id=tokenizer.pad_token_id,
-                )
-                text = tokenizer.decode(
-                    out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True
-                )
-                self._reply(body, text.strip() or "x")
-
-            def _reply(self, body: dict, text: str) -> None:
-                server.replies.append(text)
-                reply = {
-                    "object": "chat.completion",
-                    "model": body["model"],
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
-                }
-                self._send(200, json.dumps(reply).encode())
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture(scope="module")
-def server(tiny):
-    srv = _Server(*tiny)
-    yield srv
-    srv.close()
-
-
-def test_teacher_writes_stage1_thoughts(tasks, server):
-    teacher = Teacher(server.url, "tiny")
-    before = len(server.requests)
+def test_teacher_writes_stage1_thoughts(tasks, chat_server):
+    teacher = Teacher(chat_server.url, "tiny")
+    before = len(chat_server.requests)
     stats: dict = {}
     examples = build_reasoning_examples(
         tasks[:2], teacher=teacher, stats=stats, teacher_params={"max_tokens": 10}, progress=False
     )
-    sent, replies = server.requests[before:], server.replies[before:]
+    sent, replies = chat_server.requests[before:], chat_server.replies[before:]
     assert len(sent) == 2 and teacher.requests == 2
     for body, task, example, reply in zip(sent, tasks[:2], examples, replies, strict=True):
         assert body["model"] == "tiny" and body["max_tokens"] == 10
@@ -307,9 +226,9 @@ def test_teacher_writes_stage1_thoughts(tasks, server):
     assert stats["kept"] == 2
 
 
-def test_teacher_plays_stage2_episodes_and_failures_are_dropped(tasks, server):
-    teacher = Teacher(server.url + "/v1", "tiny")
-    before = len(server.requests)
+def test_teacher_plays_stage2_episodes_and_failures_are_dropped(tasks, chat_server):
+    teacher = Teacher(chat_server.url + "/v1", "tiny")
+    before = len(chat_server.requests)
     stats: dict = {}
     rejected: list = []
     kept = build_tool_trajectories(
@@ -323,7 +242,7 @@ def test_teacher_plays_stage2_episodes_and_failures_are_dropped(tasks, server):
     )
     # A random model never calls a tool: every episode runs out of turns and is dropped.
     assert kept == [] and stats["truncated"] == 2 and len(rejected) == 2
-    sent, replies = server.requests[before:], server.replies[before:]
+    sent, replies = chat_server.requests[before:], chat_server.replies[before:]
     assert len(sent) == 4
     for i, body in enumerate(sent):
         task, turn = tasks[i // 2], i % 2
@@ -332,22 +251,23 @@ def test_teacher_plays_stage2_episodes_and_failures_are_dropped(tasks, server):
             body["messages"][0]["role"] == "system"
             and task.sol_sql[0] in body["messages"][0]["content"]
         )
-        assert body["messages"][1:] == rejected[i // 2]["messages"][: 1 + 2 * turn]
+        # The episode so far, in OpenAI's form: turns without a tool call answered by user messages.
+        assert body["messages"][1:] == openai_messages(rejected[i // 2]["messages"][: 1 + 2 * turn])
     for i, episode in enumerate(rejected):
         turns = [m["content"] for m in episode["messages"] if m["role"] == "assistant"]
         assert turns == replies[2 * i : 2 * i + 2]  # the teacher's text, byte for byte
         assert all(m["content"].startswith("status: error") for m in episode["messages"][2::2])
 
 
-def test_teacher_writes_bird_thoughts(server):
+def test_teacher_writes_bird_thoughts(chat_server):
     questions = load_bird("bird-mini-train")[:2]
-    teacher = Teacher(server.url, "tiny")
-    before = len(server.requests)
+    teacher = Teacher(chat_server.url, "tiny")
+    before = len(chat_server.requests)
     stats: dict = {}
     examples = build_bird_reasoning_examples(
         questions, teacher=teacher, stats=stats, teacher_params={"max_tokens": 10}
     )
-    sent, replies = server.requests[before:], server.replies[before:]
+    sent, replies = chat_server.requests[before:], chat_server.replies[before:]
     assert len(sent) == 2 and stats == {
         "tasks": 2,
         "kept": 2,
@@ -363,22 +283,22 @@ def test_teacher_writes_bird_thoughts(server):
         assert score_submission(question, parse_solution(answer)).passed
 
 
-def test_teacher_plays_bird_episodes_and_only_correct_ones_are_kept(server):
+def test_teacher_plays_bird_episodes_and_only_correct_ones_are_kept(chat_server):
     questions = load_bird("bird-mini-train")[:3]
-    teacher = Teacher(server.url + "/v1", "tiny")
-    before = len(server.requests)
+    teacher = Teacher(chat_server.url + "/v1", "tiny")
+    before = len(chat_server.requests)
     explore = "Look first.\n" + format_tool_call("execute_sql", sql="SELECT 1")
     right = "Answer.\n" + format_tool_call("submit_solution", sql_list=[questions[0].SQL])
     wrong = format_tool_call("submit_solution", sql_list=["SELECT 1"])
     # Question 1: explore, then the right answer; question 2: a wrong answer; question 3: the
     # tiny model's own text, which never calls a tool (out of turns).
-    server.scripted = [explore, right, wrong]
+    chat_server.scripted = [explore, right, wrong]
     stats: dict = {}
     kept = build_bird_tool_trajectories(
         questions, teacher=teacher, max_turns=2, stats=stats, teacher_params={"max_tokens": 8}
     )
     assert stats == {"tasks": 3, "kept": 1, "failed_judge": 1, "truncated": 1}
-    sent = server.requests[before:]
+    sent = chat_server.requests[before:]
     assert len(sent) == 5 and all(body["tools"] == TOOL_SCHEMAS for body in sent)
     system = BIRD_TEACHER_AGENT_PROMPT.format(sql=questions[0].SQL)
     assert sent[0]["messages"][0] == {"role": "system", "content": system}
@@ -386,15 +306,26 @@ def test_teacher_plays_bird_episodes_and_only_correct_ones_are_kept(server):
     assert episode["task_id"] == questions[0].instance_id
     assistant = [m["content"] for m in episode["messages"] if m["role"] == "assistant"]
     assert assistant == [explore, right]  # the teacher's text, byte for byte
-    # The second request carried the first turn and the environment's answer to it.
-    assert sent[1]["messages"][1:] == episode["messages"][:3]
+    # The second request carried the first turn and the environment's answer to it, in OpenAI's
+    # tool-calling form (the strict endpoint refuses the environment's text form).
+    assert sent[1]["messages"][1:] == openai_messages(episode["messages"][:3])
+    call, answer = sent[1]["messages"][2:4]
+    assert call["content"] == "Look first." and call["tool_calls"][0]["function"] == {
+        "name": "execute_sql",
+        "arguments": '{"sql": "SELECT 1"}',
+    }
+    assert answer == {
+        "role": "tool",
+        "tool_call_id": call["tool_calls"][0]["id"],
+        "content": episode["messages"][2]["content"],
+    }
 
 
-def test_teacher_errors_are_clear(tasks, server):
+def test_teacher_errors_are_clear(tasks, chat_server):
     with pytest.raises(TeacherError, match=r"HTTP 404 .*no route /nowhere/v1/chat/completions"):
-        Teacher(server.url + "/nowhere", "tiny").chat([{"role": "user", "content": "hi"}])
+        Teacher(chat_server.url + "/nowhere", "tiny").chat([{"role": "user", "content": "hi"}])
     with pytest.raises(TeacherError, match="not a chat completion"):
-        Teacher(server.url + "/broken", "tiny").chat([{"role": "user", "content": "hi"}])
+        Teacher(chat_server.url + "/broken", "tiny").chat([{"role": "user", "content": "hi"}])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

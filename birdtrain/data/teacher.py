@@ -1,9 +1,9 @@
 """A teacher: any OpenAI-compatible chat endpoint (vLLM, ``transformers serve``, a hosted API).
 
-Only the standard library talks to it (``urllib``), so synthesizing data adds no dependency. A
-reply's tool calls, when the server returns them as structured ``tool_calls``, are written back as
-``<tool_call>{json}</tool_call>`` text with :func:`birdenv.tools.format_tool_call`: the environment
-and the training data only know the text form.
+Only the standard library talks to it (``urllib``), so synthesizing data adds no dependency. The
+environment and the training data know tool calls only as ``<tool_call>{json}</tool_call>`` text:
+a conversation goes out in OpenAI's tool-calling form (:func:`openai_messages`), and a reply's
+structured ``tool_calls`` are written back as text with :func:`birdenv.tools.format_tool_call`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from birdenv.tools import format_tool_call
+from birdenv.tools import ToolCallError, format_tool_call, parse_tool_call
 
-__all__ = ["Teacher", "TeacherError"]
+__all__ = ["Teacher", "TeacherError", "openai_messages"]
 
 
 class TeacherError(RuntimeError):
@@ -66,11 +66,16 @@ class Teacher:
     ) -> str:
         """The assistant's reply to ``messages`` as text (tool calls included as ``<tool_call>`` text).
 
-        ``params`` (``temperature``, ``max_tokens``, ...) go into the request body as they are.
-        Raises :class:`TeacherError` when the server is unreachable, answers with an HTTP error
+        ``messages`` may hold tool calls in the environment's text form: they are sent in OpenAI's
+        tool-calling form (:func:`openai_messages`). ``params`` (``temperature``, ``max_tokens``,
+        ...) go into the request body as they are. Raises :class:`TeacherError` when the server is unreachable, answers with an HTTP error
         (its body is quoted) or returns something that is not a chat completion.
         """
-        body: dict[str, Any] = {"model": self.model, "messages": messages, **params}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": openai_messages(messages),
+            **params,
+        }
         if tools:
             body["tools"] = tools
         headers = {"Content-Type": "application/json"}
@@ -95,6 +100,57 @@ class Teacher:
                 "and are --teacher-url and the port right?"
             ) from None
         return _reply_text(raw, self.endpoint)
+
+
+def openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An environment conversation in OpenAI's tool-calling form.
+
+    The environment keeps each turn as text, with its tool call as ``<tool_call>{json}</tool_call>``.
+    An assistant turn that holds one valid call becomes ``content`` (the text before the call, or
+    ``None``) plus ``tool_calls`` with an id, and the observation that answers it a ``tool`` message
+    with that ``tool_call_id``. An observation that answers no call (the turn's call was missing or
+    malformed) becomes a ``user`` message, since a ``tool`` message must answer a call.
+
+    >>> from birdenv.tools import format_tool_call
+    >>> turn = "Look.\\n" + format_tool_call("execute_sql", sql="SELECT 1")
+    >>> for m in openai_messages([{"role": "user", "content": "Fix it"},
+    ...                           {"role": "assistant", "content": turn},
+    ...                           {"role": "tool", "content": "status: ok"}]):
+    ...     print(m)
+    {'role': 'user', 'content': 'Fix it'}
+    {'role': 'assistant', 'content': 'Look.', 'tool_calls': [{'id': 'call_1', 'type': 'function', 'function': {'name': 'execute_sql', 'arguments': '{"sql": "SELECT 1"}'}}]}
+    {'role': 'tool', 'tool_call_id': 'call_1', 'content': 'status: ok'}
+    """
+    out: list[dict[str, Any]] = []
+    pending: str | None = None  # the id of the call the next observation answers
+    calls = 0
+    for message in messages:
+        role, content = message["role"], message["content"]
+        if role == "assistant":
+            try:
+                call = parse_tool_call(content)
+            except ToolCallError:
+                out.append({"role": "assistant", "content": content})
+                pending = None
+                continue
+            calls += 1
+            pending = f"call_{calls}"
+            start, end = content.index("<tool_call>"), content.index("</tool_call>")
+            text = (content[:start] + content[end + len("</tool_call>") :]).strip()
+            function = {"name": call.name, "arguments": json.dumps(call.arguments)}
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": text or None,
+                    "tool_calls": [{"id": pending, "type": "function", "function": function}],
+                }
+            )
+        elif role == "tool" and pending is not None:
+            out.append({"role": "tool", "tool_call_id": pending, "content": content})
+            pending = None
+        else:
+            out.append({"role": "user" if role == "tool" else role, "content": content})
+    return out
 
 
 def _reply_text(raw: bytes, endpoint: str) -> str:

@@ -97,7 +97,9 @@ def checkpointing(save_steps: int) -> dict[str, Any]:
 
 def train(trainer: Any) -> None:
     """``trainer.train()``, resumed from the newest intermediate checkpoint in the trainer's
-    output folder when an earlier, interrupted run left one.
+    output folder when an earlier, interrupted run left one, and quiet unless transformers logs
+    more than errors (``birdtrain -v``): no progress bar and no printed line per logging step (the
+    steps' metrics still reach ``metrics.jsonl``).
 
     The model, optimizer, schedule, RNG states, step count and log history come back; the data
     loader skips the batches already trained on. A stage's own sampling state (dynamic
@@ -109,6 +111,7 @@ def train(trainer: Any) -> None:
     last = get_last_checkpoint(str(out)) if out.is_dir() else None
     if last is not None:
         print(f"resuming from {last}")
+    _quiet_steps(trainer)
     trainer.train(resume_from_checkpoint=last)
 
 
@@ -118,11 +121,23 @@ def trainer_device_args(model: Any) -> dict[str, Any]:
     ``model.gradient_checkpointing``."""
     import torch
 
-    # TRL turns checkpointing on by default; pass it either way.
-    args: dict[str, Any] = {"gradient_checkpointing": model.gradient_checkpointing}
+    # TRL turns checkpointing on by default; pass it either way, by its current keyword (TRL's
+    # configs set the deprecated ``gradient_checkpointing`` alias, which warns when it is used).
+    args: dict[str, Any] = {"activation_checkpointing": model.gradient_checkpointing}
     if not torch.cuda.is_available():
         return {**args, "use_cpu": True, "bf16": False, "fp16": False}
     return {**args, "bf16": model.dtype == "bfloat16", "fp16": model.dtype == "float16"}
+
+
+def _quiet_steps(trainer: Any) -> None:
+    """Drop the trainer's progress bar and its printed line per logging step when transformers logs
+    errors only (``birdtrain`` without ``-v``)."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from transformers.utils import logging
+
+    if logging.get_verbosity() > logging.WARNING:
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
 
 
 def write_metrics(

@@ -281,11 +281,12 @@ def run(
         out_dir: Where ``metrics.jsonl`` and ``checkpoint/`` go.
         tasks: Training tasks (a list, a suite name or a JSONL path; default ``cfg.data.train_suite``),
             debugging tasks, BIRD questions, or both.
-        envs: A ``gymnasium.vector.VectorEnv`` over these tasks; default
+        envs: A ``gymnasium.vector.VectorEnv`` over these tasks, in autoreset mode
+            :data:`birdtrain.rollout.AUTORESET_MODE`; default
             :func:`birdenv.vector.make_vec` (``cfg.stage4.vector``, ``num_envs``, ``reward``): of
             ``BirdCriticEnv``, ``BirdSQLEnv``, or both in ``MixedTaskEnv`` copies. A caller's env
             is left open; ours is closed.
-        policy: Optional ``policy(trainer) -> rollout.Policy`` acting instead of the trained model
+        policy: Optional ``policy(trainer) -> policies.Policy`` acting instead of the trained model
             (a scripted baseline or a test); the loss is still the trained model's.
 
     Returns:
@@ -310,6 +311,7 @@ def run(
             reward=stage.reward,
             seed=cfg.seed,
             prompt_options=cfg.prompt.options(),
+            vector_kwargs=rollout.VECTOR_KWARGS,
         )
     try:
         check_batches("stage4", len(task_list), stage.tasks_per_step, "tasks_per_step")
