@@ -128,8 +128,7 @@ def _play(
             break
     stepped = time.perf_counter()
     episode.messages, episode.verdict = info["messages"], info.get("verdict")
-    if episode.verdict:  # the judge ran at the end of the last step
-        timeline.add("judge", stepped - episode.verdict["timings"]["total"], stepped)
+    timeline.add_judge(episode.verdict, stepped)  # the judge ran at the end of the last step
     return episode
 
 

@@ -380,9 +380,7 @@ def _take_step(
     episode.statement_s.append(info.get("elapsed"))  # None unless the turn ran a statement
     if terminated or truncated:
         episode.reward, episode.verdict = reward, info.get("verdict")
-        if episode.verdict:  # the judge ran at the end of this step
-            end = time.perf_counter()
-            plan.done.timeline.add("judge", end - episode.verdict["timings"]["total"], end)
+        plan.done.timeline.add_judge(episode.verdict, time.perf_counter())  # judged in this step
         plan.finish(i, truncated=truncated and not terminated)
         return
     if episode.turns >= max_turns:  # out of turns: the copy's episode is abandoned

@@ -11,6 +11,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["KINDS", "Timeline"]
 
@@ -42,6 +43,20 @@ class Timeline:
             raise ValueError(f"unknown kind of work {kind!r}; the kinds are {', '.join(KINDS)}")
         with self._lock:
             self.intervals.append((kind, start, end))
+
+    def add_judge(self, verdict: dict[str, Any] | None, end: float) -> None:
+        """Record the judge's run that gave ``verdict`` (its ``timings["total"]`` seconds) as
+        ending at ``end``; a verdict without that timing (an environment's own) adds nothing.
+
+        >>> t = Timeline()
+        >>> t.add_judge({"status": "success", "timings": {"total": 2.0}}, 5.0)
+        >>> t.add_judge({"status": "failed"}, 9.0)
+        >>> t.intervals
+        [('judge', 3.0, 5.0)]
+        """
+        seconds = ((verdict or {}).get("timings") or {}).get("total")
+        if seconds is not None:
+            self.add("judge", end - seconds, end)
 
     @contextlib.contextmanager
     def span(self, kind: str) -> Iterator[None]:
