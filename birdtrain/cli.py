@@ -132,6 +132,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         engine=args.engine,
         label=args.label,
         suite=args.tasks or args.suite,
+        ray=args.ray,
     )
     print(summary["table"])
     return 0
@@ -232,6 +233,12 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-turns", type=int, default=5)
     ev.add_argument("--max-new-tokens", type=int, default=512)
     ev.add_argument("--num-envs", type=int, default=8, help="parallel environments")
+    ev.add_argument(
+        "--ray",
+        action="store_true",
+        help="a local model's episodes in Ray actors and single answers judged by Ray workers, "
+        "over the cluster at RAY_ADDRESS (else a local Ray; needs the ray extra)",
+    )
     ev.add_argument(
         "--engine",
         choices=("auto", "vllm", "transformers"),

@@ -263,7 +263,11 @@ class AgenticConfig:
     reward: str = _field(
         "binary", "'binary' (the official verdict) or 'fraction' (tests passed / total)"
     )
-    vector: str = _field("async", "'async' or 'sync' vector environment")
+    vector: str = _field(
+        "async",
+        "'async' (worker processes), 'sync' (this process) or 'ray' (Ray actors over the cluster "
+        "at RAY_ADDRESS, else a local Ray; needs the ray extra)",
+    )
     num_envs: int = _field(8, "environments in the vector env")
     dynamic_sampling_rounds: int = _field(
         2,
@@ -281,8 +285,8 @@ class AgenticConfig:
 
     def __post_init__(self) -> None:
         _check_rl(self, "stage4")
-        if self.vector not in ("async", "sync"):
-            raise ValueError(f"stage4.vector must be 'async' or 'sync', got {self.vector!r}")
+        if self.vector not in ("async", "sync", "ray"):
+            raise ValueError(f"stage4.vector must be 'async', 'sync' or 'ray', got {self.vector!r}")
         if self.reward not in ("binary", "fraction"):
             raise ValueError(f"stage4.reward must be 'binary' or 'fraction', got {self.reward!r}")
 

@@ -188,8 +188,10 @@ def _model_episodes(
     engine: str,
     prompt: Any,
     timeline: Timeline,
+    ray: bool,
 ) -> list[Episode]:
-    """A local model as an agent, rolled out through a vector env exactly as in stage 4."""
+    """A local model as an agent, rolled out through a vector env exactly as in stage 4 (with
+    ``ray``: a Ray vector env over the cluster)."""
     from birdenv.vector import make_vec
     from birdtrain.policies import generation_policy
     from birdtrain.rollout import VECTOR_KWARGS, collect
@@ -198,7 +200,7 @@ def _model_episodes(
     envs = make_vec(
         min(num_envs, len(tasks) * n),
         tasks=tasks,
-        asynchronous=num_envs > 1,
+        backend="ray" if ray else ("async" if num_envs > 1 else "sync"),
         max_episode_steps=max_turns,
         prompt_options=prompt,
         vector_kwargs=VECTOR_KWARGS,
@@ -274,13 +276,19 @@ def _single_episodes(
 
 
 def _judge(
-    episodes: list[Episode], by_id: dict[str, Task], kind: type[Task], timeline: Timeline
+    episodes: list[Episode],
+    by_id: dict[str, Task],
+    kind: type[Task],
+    timeline: Timeline,
+    *,
+    ray: bool,
 ) -> None:
-    """Judge single-mode answers: SR by the official judge, or BIRD's official EX rule."""
+    """Judge single-mode answers: SR by the official judge, or BIRD's official EX rule (with
+    ``ray``: on Ray workers over the cluster)."""
     with timeline.span("judge"):
         # The official rules (for BIRD: the gold on the prediction's state), as evaluators score.
         verdicts = kind.judge_many(
-            [(by_id[e.task_id], e.pred_sqls) for e in episodes], official=True
+            [(by_id[e.task_id], e.pred_sqls) for e in episodes], official=True, ray=ray
         )
     for episode, verdict in zip(episodes, verdicts, strict=True):
         episode.verdict = verdict.to_dict()
@@ -377,12 +385,23 @@ def _table(label: str, summary: dict[str, Any], suite: str) -> str:
     return "\n".join(lines)
 
 
-def _kind_of(policy: str, tasks: list[Task], mode: str, n: int, temperature: float) -> type[Task]:
+def _kind_of(
+    policy: str, tasks: list[Task], mode: str, n: int, temperature: float, ray: bool
+) -> type[Task]:
     """The one task class of ``tasks``, once the arguments are known to make sense together."""
     if mode not in ("agent", "single"):
         raise ValueError(f"mode must be 'agent' or 'single', got {mode!r}")
     if mode == "single" and policy in _REFERENCE:
         raise ValueError("reference policies act in the environment: use mode='agent'")
+    if (
+        ray
+        and mode == "agent"
+        and (policy in _REFERENCE or policy.startswith(EndpointPolicy.PREFIX))
+    ):
+        raise ValueError(
+            f"{policy_label(policy)!r} plays in local threads; Ray runs a local model's episodes "
+            "and the judging of single answers: evaluate this agent without Ray"
+        )
     if not tasks:
         raise ValueError("no tasks to evaluate")
     if n > 1 and temperature == 0:
@@ -431,6 +450,7 @@ def evaluate_policy(
     engine: str = "auto",
     prompt: Any = None,
     task_set: str = "heldout",
+    ray: bool = False,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on ``tasks``; write predictions, verdicts and a summary into ``out_dir``.
 
@@ -448,8 +468,13 @@ def evaluate_policy(
     setting (:class:`birdenv.schema.PromptOptions`; default: the benchmark's full schema), which
     must be the one the policy was trained with; ``task_set`` (``"heldout"`` or ``"train"``, the
     summary's ``split``) says which tasks these are, for the report.
+
+    ``ray=True`` uses the Ray cluster at ``RAY_ADDRESS`` (else a local Ray): a local model's
+    episodes run in a Ray vector env (environments and their judging on the nodes), and answers of
+    ``mode="single"`` are judged by Ray workers. Reference and endpoint agents play in local
+    threads, so ``ray=True`` refuses them in ``mode="agent"``.
     """
-    kind = _kind_of(policy, tasks, mode, n, temperature)
+    kind = _kind_of(policy, tasks, mode, n, temperature, ray)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     label = label or policy_label(policy)
@@ -467,9 +492,10 @@ def evaluate_policy(
         num_envs=num_envs,
         engine=engine,
         prompt=prompt,
+        ray=ray,
     )
     if mode == "single":
-        _judge(episodes, by_id, kind, timeline)
+        _judge(episodes, by_id, kind, timeline, ray=ray)
     else:
         for e in episodes:
             e.pred_sqls = submitted(e.messages)

@@ -372,8 +372,11 @@ def _take_step(
     if info.get("task_id") != episode.task_id or messages[-2:-1] != [
         {"role": "assistant", "content": action}
     ]:  # an env that resets behind the loop's back (a wrapper, another autoreset) broke it
+        # A copy whose Ray actor was lost says so (birdenv.ray_vector); others just miss the turn.
         plan.finish(
-            i, error=f"the environment did not record the turn (task {info.get('task_id')!r})"
+            i,
+            error=info.get("broken")
+            or f"the environment did not record the turn (task {info.get('task_id')!r})",
         )
         return
     episode.messages = [dict(m) for m in messages]

@@ -33,8 +33,9 @@ def test_config_layers_and_errors(tmp_path: Path) -> None:
         load_config("smoke", overrides=["stage3.lr=1"])
     with pytest.raises(ValueError, match="unknown preset"):
         load_config("huge")
-    with pytest.raises(ValueError, match="'async' or 'sync'"):
+    with pytest.raises(ValueError, match="'async', 'sync' or 'ray', got 'threads'"):
         load_config("smoke", overrides=["stage4.vector=threads"])
+    assert load_config("smoke", overrides=["stage4.vector=ray"]).stage4.vector == "ray"
     assert load_config("smoke").eval.after == ["stage2", "stage4"]
     assert load_config("smoke", overrides=["eval.after=stage3"]).eval.after == ["stage3"]
     with pytest.raises(ValueError, match=r"unknown stage 'stage5'; choose from stage1"):

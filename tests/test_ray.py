@@ -2,8 +2,9 @@
 
 The second node has a ``BIRDENV_HOME`` of its own: it shares no files with the driver, so every
 database it uses must reach it by content hash. The copies of a vector env sit on both nodes;
-killing or hanging an actor breaks only its copies' episodes; judging on the cluster gives the
-local verdicts.
+killing or hanging an actor breaks only its copies' episodes; judging on the cluster,
+``birdenv evaluate --ray`` and ``birdtrain eval --ray`` give the local verdicts; stage 4 of
+birdtrain trains through it.
 """
 
 from __future__ import annotations
@@ -290,3 +291,97 @@ def test_birdenv_evaluate_ray_writes_the_local_verdicts(ray_cluster: Any, tmp_pa
             row.get("verdict", row).pop("timings", None)
             row.get("verdict", row).pop("issue_cached", None)
     assert rows["ray"] == rows["local"] and len(rows["ray"]) == len(tasks)
+
+
+# -- birdtrain on the cluster --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("trl", reason="TRL is in the train extra")
+    from birdtrain.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def test_rollouts_of_a_killed_actor_are_dropped_and_the_batch_goes_on(
+    ray_cluster: Any, shop_tasks: list, tiny: Path
+) -> None:
+    from test_agentic import DISABLED, ScriptedPolicy, _collect
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+
+    class KillsAnActor(ScriptedPolicy):
+        """Plays the scripts; before its second turn, kills the actor of copies 0 and 1."""
+
+        calls = 0
+
+        def generate(self, batch: list, **kwargs: Any) -> list:
+            self.calls += 1
+            if self.calls == 2:
+                os.kill(envs.actor_pids[0], signal.SIGKILL)
+            return super().generate(batch, **kwargs)
+
+    with contextlib.closing(
+        make_vec(4, tasks=shop_tasks, backend="ray", vector_kwargs=DISABLED)
+    ) as envs:
+        rollouts = _collect(envs, KillsAnActor(tokenizer, shop_tasks), ["shop_1", "shop_3"])
+        assert envs.restarts == 1
+        again = _collect(envs, ScriptedPolicy(tokenizer, shop_tasks), ["shop_1", "shop_3"])
+    # shop_1's rollouts ran in copies 0 and 1 (their second turn was lost); shop_3's completed.
+    assert [(t.task_id, t.dropped) for t in rollouts] == [
+        ("shop_1", True),
+        ("shop_1", True),
+        ("shop_3", False),
+        ("shop_3", False),
+    ]
+    assert all("broken" in t.error and "died" in t.error for t in rollouts[:2])
+    assert not any(t.dropped for t in again)
+    assert sorted(t.reward for t in again) == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_stage4_trains_on_the_cluster(
+    ray_cluster: Any, shop_tasks: list, tiny: Path, tmp_path: Path
+) -> None:
+    from test_agentic import ScriptedPolicy, _read_metrics, _stage4_config
+
+    from birdtrain.stages import agentic
+
+    tasks = [t for t in shop_tasks if t.instance_id in ("shop_1", "shop_3")]
+    cfg = _stage4_config(vector="ray", num_envs=2, max_new_tokens=200)
+    checkpoint = agentic.run(
+        cfg,
+        model_path=str(tiny),
+        out_dir=tmp_path / "stage4",
+        tasks=tasks,
+        policy=lambda trainer: ScriptedPolicy(trainer.processing_class, tasks),
+    )
+    assert (checkpoint / "config.json").is_file()
+    steps = _read_metrics(tmp_path / "stage4" / "metrics.jsonl")
+    assert [r["step"] for r in steps] == [1, 2]
+    for record in steps:
+        assert record["agentic/reward_mean"] == 0.5 and record["agentic/dropped"] == 0
+
+
+def test_birdtrain_eval_ray_gives_the_local_verdicts(
+    ray_cluster: Any, tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from birdtrain.cli import main as birdtrain_main
+
+    common = ["eval", "--policy", str(tiny), "--suite", "critic-mini", "--limit", "2"]
+    common += ["--max-turns", "2", "--max-new-tokens", "8", "--num-envs", "2"]
+    for mode in ("agent", "single"):
+        rows = {}
+        for name, extra in (("local", []), ("ray", ["--ray"])):
+            out = tmp_path / mode / name
+            assert birdtrain_main([*common, "--mode", mode, "--out", str(out), *extra]) == 0
+            lines = (out / "verdicts.jsonl").read_text().splitlines()
+            rows[name] = [json.loads(line) for line in lines]
+            for row in rows[name]:
+                (row.get("verdict") or {}).pop("timings", None)
+                (row.get("verdict") or {}).pop("issue_cached", None)
+        assert rows["ray"] == rows["local"] and len(rows["ray"]) == 2, mode
+    # Reference agents play in local threads: Ray refuses them instead of doing nothing.
+    assert birdtrain_main(["eval", "--policy", "oracle", "--ray", "--out", str(tmp_path)]) == 2
+    assert "evaluate this agent without Ray" in capsys.readouterr().err

@@ -1,8 +1,8 @@
 """Stage 4, interactive agentic RL: multi-turn GRPO against a ``gymnasium.vector.VectorEnv``.
 
 Every optimizer step takes ``tasks_per_step`` tasks; each is rolled out ``num_generations`` times
-(the GRPO group) in a vector environment of ``BirdCriticEnv`` (async by default, sync, or any the
-caller passes), each rollout on its own persistent database session, for up to ``max_turns``
+(the GRPO group) in a vector environment of ``BirdCriticEnv`` (async by default, sync, Ray actors
+over a cluster, or any the caller passes), each rollout on its own persistent database session, for up to ``max_turns``
 assistant turns. The reward is the judge's verdict on the submission (``binary``: passed;
 ``fraction``: tests passed / total); running out of turns or context scores 0. A task mixture
 (``data.mixture``) holding BIRD questions too gets one vector env of both environments
@@ -307,7 +307,7 @@ def run(
         envs = make_vec(
             stage.num_envs,
             tasks=task_list,
-            asynchronous=stage.vector == "async",
+            backend=stage.vector,
             reward=stage.reward,
             seed=cfg.seed,
             prompt_options=cfg.prompt.options(),
