@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from birdtrain.config import STAGES
+from birdtrain.config import PRESETS, STAGES
 
 __all__ = ["main"]
 
@@ -160,7 +160,7 @@ def _cmd_trajectories(args: argparse.Namespace) -> int:
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", help="smoke, smollm or paper-7b")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="a named configuration")
     parser.add_argument("--config", help="YAML file; its keys override the preset's")
     parser.add_argument("--output-dir", help="parent folder of run directories (default: runs)")
     parser.add_argument(

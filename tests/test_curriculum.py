@@ -42,6 +42,19 @@ def test_config_layers_and_errors(tmp_path: Path) -> None:
         load_config("smoke", overrides=["eval.after=[stage2, stage5]"])
 
 
+def test_an_unknown_preset_is_one_line_naming_every_preset(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from birdtrain.cli import main
+    from birdtrain.config import PRESETS
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["curriculum", "--preset", "huge"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "'huge'" in error and all(f"'{name}'" in error for name in PRESETS)
+
+
 def test_rl_settings_are_checked() -> None:
     """GRPO samples a group: temperature 0 would make TRL divide the logits by 0."""
     for stage in ("stage3", "stage4"):
