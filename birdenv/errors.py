@@ -97,3 +97,13 @@ class ClusterError(BirdEnvError, RuntimeError):
 
 class StagingError(BirdEnvError, RuntimeError):
     """A node could not obtain a task database with the content hash the driver has."""
+
+
+class GPUSetupError(BirdEnvError, RuntimeError):
+    """The GPUs visible to a training process cannot be used as they are set up (e.g. several
+    GPUs without a launcher); the message names the setting that fixes it."""
+
+
+class ProcessDiedError(BirdEnvError, RuntimeError):
+    """A process running one stage or evaluation of a curriculum ended without a result (killed,
+    or a crash in native code); the message names it and its exit code."""

@@ -1,6 +1,7 @@
 """The ``birdtrain`` command: the four-stage curriculum, its pieces, evaluation.
 
     birdtrain curriculum (--preset NAME | --config FILE.yaml) [key=value ...]
+    birdtrain plan (--preset NAME | --config FILE.yaml) [--gpu-gb 80] [key=value ...]
     birdtrain synth | stage1 | stage2 | stage3 | stage4 (--preset NAME | --config FILE) [key=value ...]
     birdtrain eval (--policy MODEL|oracle|echo|scripted | --endpoint URL --endpoint-model NAME)
                    [--suite S | --tasks T --db-dir D] ...
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from birdtrain.config import PRESETS, STAGES
+from birdtrain.config import PRESETS, STAGES, EvalConfig
 
 __all__ = ["main"]
 
@@ -53,6 +54,15 @@ def _cmd_curriculum(args: argparse.Namespace) -> int:
             print(line)
     print(f"run directory: {results['run_dir']}")
     return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from birdtrain.plan import format_plan, plan
+
+    cfg = _config_from(args)
+    plans = plan(cfg, gpu_gb=args.gpu_gb)
+    print(format_plan(cfg, plans))
+    return 0 if all(p.fits for p in plans) else 1
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
@@ -133,6 +143,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         label=args.label,
         suite=args.tasks or args.suite,
         ray=args.ray,
+        max_context=args.max_context,
+        engine_options=EvalConfig(
+            max_context=args.max_context, gpu_memory_utilization=args.gpu_memory_utilization
+        ).engine_options(),
     )
     print(summary["table"])
     return 0
@@ -182,6 +196,14 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(curriculum)
     curriculum.set_defaults(func=_cmd_curriculum)
+    plan = commands.add_parser(
+        "plan",
+        help="per stage: the TRL and vLLM settings, and whether its memory fits one GPU "
+        "(exit status 1 when a stage does not)",
+    )
+    _add_config_args(plan)
+    plan.add_argument("--gpu-gb", type=float, default=80.0, help="memory of the GPU in GB")
+    plan.set_defaults(func=_cmd_plan)
     synth = commands.add_parser("synth", help="synthesize the stage-1 and stage-2 data only")
     _add_config_args(synth)
     synth.set_defaults(func=_cmd_synth)
@@ -244,6 +266,19 @@ def _build_parser() -> argparse.ArgumentParser:
         choices=("auto", "vllm", "transformers"),
         default="auto",
         help="generation for a local model (auto: vLLM when installed with a GPU)",
+    )
+    defaults = EvalConfig()
+    ev.add_argument(
+        "--max-context",
+        type=int,
+        default=defaults.max_context,
+        help="tokens of context per episode (the vLLM engine's max_model_len)",
+    )
+    ev.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=defaults.gpu_memory_utilization,
+        help="share of the GPU's memory the vLLM engine takes",
     )
     ev.add_argument("--out", default="runs/eval", help="output folder")
     ev.add_argument(

@@ -19,6 +19,7 @@ __all__ = [
     "CurriculumConfig",
     "DataConfig",
     "EvalConfig",
+    "GRPOSettings",
     "GRPOStageConfig",
     "ModelConfig",
     "PromptConfig",
@@ -53,7 +54,13 @@ class ModelConfig:
     lora_r: int = _field(16, "LoRA rank")
     lora_alpha: int = _field(32, "LoRA alpha")
     lora_dropout: float = _field(0.05, "LoRA dropout")
-    dtype: str = _field("auto", "'auto', 'float32', 'bfloat16' or 'float16'")
+    dtype: str = _field(
+        "auto",
+        "precision of the forward and backward on a GPU: 'bfloat16' or 'float16' (mixed precision: "
+        "trainable weights, their gradients and Adam's moments stay float32; a LoRA base and the "
+        "reference model are stored in it), 'float32', or 'auto' (bfloat16 where the GPU supports "
+        "it, else float16). The CPU computes in float32 whatever this says",
+    )
     gradient_checkpointing: bool = _field(
         True,
         "recompute activations during the backward pass: far less memory for long sequences, "
@@ -191,9 +198,32 @@ def _check_save_steps(save_steps: int) -> None:
         )
 
 
-def _check_rl(stage: Any, name: str) -> None:
-    """Settings every GRPO stage shares, checked with the fix in the message."""
+_IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def _check_rl(stage: Any, name: str, sequences: int) -> None:
+    """Settings every GRPO stage shares, checked with the fix in the message (``sequences``: the
+    step's generation batch)."""
     _check_save_steps(stage.save_steps)
+    micro = stage.micro_batch_size
+    if micro is not None and (micro < 1 or sequences % micro):
+        raise ValueError(
+            f"{name}.micro_batch_size={micro} must divide the step's {sequences} sequences"
+        )
+    if stage.vllm_mode not in ("colocate", "server"):
+        raise ValueError(
+            f"{name}.vllm_mode must be 'colocate' or 'server', got {stage.vllm_mode!r}"
+        )
+    if not 0 < stage.vllm_gpu_memory_utilization <= 1:
+        raise ValueError(
+            f"{name}.vllm_gpu_memory_utilization must be in (0, 1], got "
+            f"{stage.vllm_gpu_memory_utilization}"
+        )
+    if stage.vllm_importance_sampling_mode not in _IMPORTANCE_SAMPLING_MODES:
+        raise ValueError(
+            f"{name}.vllm_importance_sampling_mode must be one of "
+            f"{', '.join(_IMPORTANCE_SAMPLING_MODES)}, got {stage.vllm_importance_sampling_mode!r}"
+        )
     if not stage.temperature > 0:
         raise ValueError(
             f"{name}.temperature must be > 0 (GRPO samples a group of different answers; TRL "
@@ -211,7 +241,51 @@ def _check_rl(stage: Any, name: str) -> None:
 
 
 @dataclasses.dataclass
-class GRPOStageConfig:
+class GRPOSettings:
+    """What stages 3 and 4 share: micro-batching, memory and vLLM settings (TRL's names)."""
+
+    micro_batch_size: int | None = _field(
+        None,
+        "sequences per forward/backward pass; gradients accumulate over the step's generation "
+        "batch (it must divide it). None: one group (num_generations)",
+    )
+    use_vllm: bool = _field(False, "generate with vLLM (GPU machines with the vllm extra)")
+    vllm_mode: str = _field(
+        "colocate",
+        "'colocate' (vLLM in the training process, sharing its GPU) or 'server' (a `trl vllm-serve` "
+        "process on other GPUs, at vllm_server_base_url)",
+    )
+    vllm_gpu_memory_utilization: float = _field(
+        0.3,
+        "colocate: the share of the GPU's memory vLLM takes (its weights, then KV cache); it must be "
+        "free when vLLM starts, beside the training model",
+    )
+    vllm_max_model_length: int | None = _field(
+        None, "vLLM's context window; None: the longest sequence this stage can produce"
+    )
+    vllm_enable_sleep_mode: bool = _field(
+        False,
+        "colocate: vLLM frees its weights and KV cache while the model trains, and gets them back "
+        "(weights re-synced) before generating: training and generation no longer add up",
+    )
+    vllm_server_base_url: str | None = _field(
+        None, "server mode: the URL of `trl vllm-serve` (None: http://0.0.0.0:8000)"
+    )
+    vllm_importance_sampling_mode: str = _field(
+        "sequence_mask",
+        "how TRL corrects for vLLM's sampling logprobs differing from the trainer's: "
+        "'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask' (ratios past "
+        "vllm_importance_sampling_clip_max are clipped, or zero the token/sequence); metrics.jsonl "
+        "records TRL's sampling/importance_sampling_ratio/min|mean|max, and the stage warns when a "
+        "mask zeroed any",
+    )
+    vllm_importance_sampling_clip_max: float = _field(
+        3.0, "upper bound of the importance-sampling ratio (TRL's C_max)"
+    )
+
+
+@dataclasses.dataclass
+class GRPOStageConfig(GRPOSettings):
     """Stage 3: single-turn GRPO rewarded by the judge's verdict on the ``<solution>``."""
 
     enabled: bool = _field(True, "run this stage")
@@ -238,14 +312,13 @@ class GRPOStageConfig:
     )
     difficulty_samples: int = _field(8, "samples per task for the pass-rate estimate")
     save_steps: int = _field(0, _SAVE_STEPS_HELP)
-    use_vllm: bool = _field(False, "generate with vLLM (GPU machines with the vllm extra)")
 
     def __post_init__(self) -> None:
-        _check_rl(self, "stage3")
+        _check_rl(self, "stage3", self.prompts_per_step * self.num_generations)
 
 
 @dataclasses.dataclass
-class AgenticConfig:
+class AgenticConfig(GRPOSettings):
     """Stage 4: multi-turn agentic GRPO against a vector environment."""
 
     enabled: bool = _field(True, "run this stage")
@@ -281,10 +354,17 @@ class AgenticConfig:
     )
     difficulty_samples: int = _field(4, "rollouts per task for the pass-rate estimate")
     save_steps: int = _field(0, _SAVE_STEPS_HELP)
-    use_vllm: bool = _field(False, "generate with vLLM (GPU machines with the vllm extra)")
+    # A rollout of many turns is thousands of tokens: under a sequence-level mask, many tokens of
+    # small drift multiply past the clip and zero the whole rollout. Per-token truncation bounds
+    # each token's weight instead.
+    vllm_importance_sampling_mode: str = _field(
+        "token_truncate",
+        "as stage 3's; 'token_truncate' here, because a sequence-level ratio over a long multi-turn "
+        "rollout (the product of its tokens' ratios) passes the clip and zeroes the whole rollout",
+    )
 
     def __post_init__(self) -> None:
-        _check_rl(self, "stage4")
+        _check_rl(self, "stage4", self.tasks_per_step * self.num_generations)
         if self.vector not in ("async", "sync", "ray"):
             raise ValueError(f"stage4.vector must be 'async', 'sync' or 'ray', got {self.vector!r}")
         if self.reward not in ("binary", "fraction"):
@@ -323,6 +403,23 @@ class EvalConfig:
         "also evaluate on the first N training tasks of the evaluation's kind (how well the "
         "policy fits what it trained on), into eval/<label>-train/",
     )
+    max_context: int = _field(
+        32768,
+        "tokens of context per episode; an episode that fills it ends there (the vLLM engine's "
+        "max_model_len)",
+    )
+    gpu_memory_utilization: float = _field(
+        0.9,
+        "the share of the GPU's memory the vLLM engine takes (its weights, then KV cache); it must "
+        "be free when the engine starts (see CurriculumConfig.isolate)",
+    )
+
+    def engine_options(self) -> dict[str, Any]:
+        """The keywords an evaluation's vLLM engine starts with."""
+        return {
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_model_len": self.max_context,
+        }
 
     def __post_init__(self) -> None:
         if isinstance(self.modes, str):
@@ -331,6 +428,10 @@ class EvalConfig:
             raise ValueError(f"eval.modes must list 'agent' and/or 'single', got {self.modes!r}")
         if self.train_tasks < 0:
             raise ValueError(f"eval.train_tasks must be >= 0, got {self.train_tasks}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"eval.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if isinstance(self.after, str):
             self.after = [self.after]  # `eval.after=stage4` on the command line
         if not isinstance(self.after, list):
@@ -351,6 +452,13 @@ class CurriculumConfig:
     seed: int = _field(0, "seed of everything")
     report_to: list[str] = dataclasses.field(
         default_factory=list, metadata={"help": "'tensorboard', 'wandb' where installed"}
+    )
+    isolate: bool | None = _field(
+        None,
+        "run each stage, each evaluation and the mixture estimate in a process of its own, which "
+        "gives all of its GPU memory back when it exits (PyTorch's cache and an in-process vLLM "
+        "engine are not freed otherwise); the runner waits for it to exit before the next starts. "
+        "None: when CUDA is present",
     )
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     prompt: PromptConfig = dataclasses.field(default_factory=PromptConfig)
@@ -557,11 +665,18 @@ PRESETS: dict[str, dict[str, Any]] = {
             "train_tasks": 24,
         },
     },
+    # One 80 GB GPU (`birdtrain plan --preset paper-7b` prints the estimate per stage): LoRA
+    # (r=16 on every linear layer, 40 M trainable parameters) on a bfloat16 base, which is also
+    # the reference model. Full fine-tuning (model.lora=false) keeps float32 master weights and
+    # Adam's moments, 16 bytes a parameter (122 GB): several GPUs. Stages 3-4 generate with vLLM
+    # in the training process, in a share of the card beside training; micro-batches of 2
+    # sequences keep activations small enough for a KV cache that holds stage 4's whole step
+    # (stage 3's in 3 rounds). The learning rates are the paper's, set for full fine-tuning.
     "paper-7b": {
         "name": "paper-7b",
         "model": {
             "name_or_path": "Qwen/Qwen2.5-Coder-7B-Instruct",
-            "lora": False,
+            "lora": True,
             "dtype": "bfloat16",
         },
         "stage1": {"epochs": 3, "learning_rate": 1e-5, "batch_size": 16, "max_length": 8192},
@@ -572,6 +687,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "beta": 0.01,
             "max_completion_length": 5000,
             "use_vllm": True,
+            "micro_batch_size": 2,
+            "vllm_gpu_memory_utilization": 0.45,
         },
         "stage4": {
             "num_generations": 4,
@@ -580,6 +697,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "beta": 0.01,
             "use_vllm": True,
             "num_envs": 64,
+            "micro_batch_size": 2,
+            "vllm_gpu_memory_utilization": 0.4,
         },
     },
 }

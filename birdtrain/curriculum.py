@@ -12,12 +12,16 @@ skipped and the next one starts from the last checkpoint.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import pickle
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
+from birdenv.errors import ProcessDiedError
 from birdtrain.config import STAGES
 
 __all__ = [
@@ -110,8 +114,84 @@ def _resolve_mixture(cfg: Any, run_dir: Path) -> None:
     if cfg.data.mixture == "auto":
         from birdtrain.data.mixture import resolve_mixture
 
-        weights = resolve_mixture(cfg, run_dir)
+        if (run_dir / "mixture.json").is_file():
+            weights = resolve_mixture(cfg, run_dir)
+        else:
+            # The estimate trains proxy models: in a process of its own, like a stage (which
+            # sets cfg.data.mixture there, not here).
+            weights = _isolated(cfg, run_dir, "mixture", resolve_mixture, cfg, run_dir)
+            cfg.data.mixture = weights
         print(f"[mixture] weights: {weights} (evidence in {run_dir / 'mixture.json'})")
+
+
+def _isolates(cfg: Any) -> bool:
+    """``cfg.isolate``; None: when CUDA is present (each process then starts on a clean GPU)."""
+    if cfg.isolate is not None:
+        return cfg.isolate
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _child(conn: Any, fn: Any, args: tuple, kwargs: dict) -> None:
+    """The body of an isolated process: run ``fn`` and send back its result or its exception."""
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        traceback.print_exc()
+        try:
+            pickle.loads(pickle.dumps(exc))
+        except Exception:  # it would not arrive whole (e.g. a constructor with other arguments)
+            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+        conn.send(("error", exc))
+        sys.exit(1)
+    conn.send(("ok", result))
+
+
+def _isolated(cfg: Any, run_dir: Path, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, in a process of its own when :func:`_isolates` says so.
+
+    The process is started fresh (``spawn``: it inherits no CUDA state, and none of this
+    process's memory), and this one waits for it to exit before going on, so every stage and
+    evaluation starts on a GPU no other holds. Its exception is raised here; each process is
+    recorded in ``run_dir/processes.jsonl`` (``name``, ``pid``, ``started``, ``exited``,
+    ``exitcode``).
+    """
+    if not _isolates(cfg):
+        return fn(*args, **kwargs)
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    process = context.Process(target=_child, args=(send, fn, args, kwargs), name=name)
+    started = time.time()
+    process.start()
+    send.close()
+    try:
+        outcome = receive.recv()
+    except EOFError:
+        outcome = None  # it died before it could say anything (killed, or a crash in native code)
+    finally:
+        process.join()
+        receive.close()
+    record = {
+        "name": name,
+        "pid": process.pid,
+        "started": started,
+        "exited": time.time(),
+        "exitcode": process.exitcode,
+    }
+    with open(run_dir / "processes.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    if outcome is None:
+        raise ProcessDiedError(
+            f"{name}: its process (pid {process.pid}) ended with exit code {process.exitcode} "
+            "before returning a result (killed for memory? see the system log); rerun to resume"
+        )
+    status, value = outcome
+    if status == "error":
+        raise value
+    return value
 
 
 def synthesize(cfg: Any, run_dir: Path) -> dict[str, Any]:
@@ -155,7 +235,21 @@ def run_stage(cfg: Any, stage: str, model_path: str, run_dir: Path) -> str:
         from birdtrain.data.difficulty import filter_tasks
         from birdtrain.stages import agentic, grpo
 
-        tasks = filter_tasks(cfg, stage, model_path, _tasks(cfg, "train"), run_dir)
+        tasks = _tasks(cfg, "train")
+        if getattr(cfg, stage).difficulty_filter:
+            # Its sampling engine (vLLM on a GPU) is not freed in-process: a process of its own,
+            # so the stage's own engine starts on a clean GPU.
+            tasks = _isolated(
+                cfg,
+                run_dir,
+                f"difficulty {stage}",
+                filter_tasks,
+                cfg,
+                stage,
+                model_path,
+                tasks,
+                run_dir,
+            )
         trainer = grpo if stage == "stage3" else agentic
         checkpoint = trainer.run(cfg, model_path=model_path, out_dir=out_dir, tasks=tasks)
     elapsed = time.perf_counter() - started
@@ -242,7 +336,11 @@ def _evaluate_on(
     summary_path = out_dir / "summary.json"
     if summary_path.is_file():
         return json.loads(summary_path.read_text())
-    return evaluate_policy(
+    return _isolated(
+        cfg,
+        run_dir,
+        f"eval {folder}",
+        evaluate_policy,
         model_path,
         tasks=tasks,
         out_dir=out_dir,
@@ -254,6 +352,8 @@ def _evaluate_on(
         suite=suite,
         prompt=cfg.prompt.options(),
         task_set="train" if suite == "training" else "heldout",
+        max_context=cfg.eval.max_context,
+        engine_options=cfg.eval.engine_options(),
     )
 
 
@@ -272,7 +372,10 @@ def run_curriculum(cfg: Any) -> dict[str, Any]:
     results["before"] = _evaluate(cfg, base, run_dir, "before") if cfg.eval.before else None
     model_path = start_checkpoint(cfg, run_dir, "stage1")
     for stage in STAGES:
-        model_path = run_stage(cfg, stage, model_path, run_dir)
+        if (run_dir / stage / "DONE").is_file() or not getattr(cfg, stage).enabled:
+            model_path = run_stage(cfg, stage, model_path, run_dir)  # nothing to train
+        else:
+            model_path = _isolated(cfg, run_dir, stage, run_stage, cfg, stage, model_path, run_dir)
         if stage in cfg.eval.after:
             label = f"after_{stage}"
             results[label] = _evaluate(cfg, model_path, run_dir, label)

@@ -189,6 +189,8 @@ def _model_episodes(
     prompt: Any,
     timeline: Timeline,
     ray: bool,
+    max_context: int,
+    engine_options: dict[str, Any] | None,
 ) -> list[Episode]:
     """A local model as an agent, rolled out through a vector env exactly as in stage 4 (with
     ``ray``: a Ray vector env over the cluster)."""
@@ -196,7 +198,7 @@ def _model_episodes(
     from birdtrain.policies import generation_policy
     from birdtrain.rollout import VECTOR_KWARGS, collect
 
-    generator = generation_policy(model_path, engine=engine)
+    generator = generation_policy(model_path, engine=engine, engine_options=engine_options)
     envs = make_vec(
         min(num_envs, len(tasks) * n),
         tasks=tasks,
@@ -214,7 +216,7 @@ def _model_episodes(
             max_turns=max_turns,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
-            max_context=32768,
+            max_context=max_context,
         )
     finally:
         envs.close()
@@ -232,6 +234,7 @@ def _single_episodes(
     engine: str,
     prompt: Any,
     timeline: Timeline,
+    engine_options: dict[str, Any] | None,
 ) -> list[Episode]:
     """One ``<solution>`` per sample from a model or an endpoint (not judged yet)."""
     from birdtrain.prompts import parse_solution, single_turn_prompt
@@ -248,7 +251,7 @@ def _single_episodes(
     else:
         from birdtrain.policies import generation_policy
 
-        generator = generation_policy(policy, engine=engine)
+        generator = generation_policy(policy, engine=engine, engine_options=engine_options)
         tokenizer = generator.tokenizer
         texts = []
         with timeline.span("generation"):
@@ -422,7 +425,7 @@ def _episodes(
     endpoints in plain envs on threads, local models in a vector env through ``collect``)."""
     sampling = {k: settings[k] for k in ("max_new_tokens", "temperature")}
     if mode == "single":
-        single = {k: settings[k] for k in ("n", "engine", "prompt")}
+        single = {k: settings[k] for k in ("n", "engine", "prompt", "engine_options")}
         return _single_episodes(policy, tasks, timeline=timeline, **single, **sampling)
     threads = {k: settings[k] for k in ("n", "num_envs", "max_turns", "prompt")}
     if policy in _REFERENCE:
@@ -451,6 +454,8 @@ def evaluate_policy(
     prompt: Any = None,
     task_set: str = "heldout",
     ray: bool = False,
+    max_context: int = 32768,
+    engine_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on ``tasks``; write predictions, verdicts and a summary into ``out_dir``.
 
@@ -467,7 +472,9 @@ def evaluate_policy(
     ``engine`` (see :func:`birdtrain.policies.generation_policy`). ``prompt`` is the prompt
     setting (:class:`birdenv.schema.PromptOptions`; default: the benchmark's full schema), which
     must be the one the policy was trained with; ``task_set`` (``"heldout"`` or ``"train"``, the
-    summary's ``split``) says which tasks these are, for the report.
+    summary's ``split``) says which tasks these are, for the report. ``engine_options`` go to
+    the vLLM engine (``gpu_memory_utilization``, ``max_model_len``); an agent's episode ends
+    when its context reaches ``max_context`` tokens.
 
     ``ray=True`` uses the Ray cluster at ``RAY_ADDRESS`` (else a local Ray): a local model's
     episodes run in a Ray vector env (environments and their judging on the nodes), and answers of
@@ -493,6 +500,8 @@ def evaluate_policy(
         engine=engine,
         prompt=prompt,
         ray=ray,
+        max_context=max_context,
+        engine_options=engine_options,
     )
     if mode == "single":
         _judge(episodes, by_id, kind, timeline, ray=ray)

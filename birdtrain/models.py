@@ -23,6 +23,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "build_smollm",
     "build_tiny_model",
+    "inference_device",
     "load_policy",
     "load_tokenizer",
     "lora_config",
@@ -253,9 +254,22 @@ def load_tokenizer(name_or_path: str) -> Any:
     return tokenizer
 
 
-def load_policy(name_or_path: str, *, dtype: str = "auto") -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` for generation or training (names as :func:`resolve_model`;
-    the tokenizer as :func:`load_tokenizer`)."""
+def inference_device() -> str:
+    """Where a model that only generates or scores goes: ``"cuda"`` when CUDA is present."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_policy(
+    name_or_path: str, *, dtype: str = "auto", device: str | None = None
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` (names as :func:`resolve_model`; the tokenizer as
+    :func:`load_tokenizer`).
+
+    ``device``: where to put the model (e.g. :func:`inference_device` for generation or scoring);
+    None leaves it on the CPU, for a trainer to place.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -263,6 +277,8 @@ def load_policy(name_or_path: str, *, dtype: str = "auto") -> tuple[Any, Any]:
     torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
     tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    if device is not None:
+        model = model.to(device)
     return model, tokenizer
 
 

@@ -16,17 +16,30 @@ from birdenv.errors import MissingExtraError
 from birdenv.tools import TOOL_SCHEMAS
 
 __all__ = [
+    "SAMPLING",
     "EndpointPolicy",
     "Policy",
     "TransformersPolicy",
     "VLLMEnginePolicy",
     "VLLMPolicy",
+    "eos_token_ids",
     "generation_policy",
 ]
 
 
+#: The sampling rule of every engine (transformers, TRL's vLLM, a standalone vLLM): the
+#: temperature alone shapes the distribution, and nothing comes from a checkpoint's
+#: generation_config (its top-k, top-p, min-p or repetition penalty), so the logprobs are those of
+#: the distribution the tokens were drawn from, whichever engine drew them.
+SAMPLING = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
 class Policy(Protocol):
-    """What :func:`collect` needs from a policy: a tokenizer and batched generation on token ids."""
+    """What :func:`collect` needs from a policy: a tokenizer and batched generation on token ids.
+
+    A policy may also name every id that ends a turn in ``eos_ids`` (:func:`eos_token_ids`; the
+    policies here do); without it, the tokenizer's EOS alone ends one.
+    """
 
     tokenizer: Any
 
@@ -37,7 +50,19 @@ class Policy(Protocol):
         ...
 
 
-def _trim_at_eos(ids: list[int], eos: set[int]) -> int:
+def eos_token_ids(tokenizer: Any, generation_config: Any = None) -> frozenset[int]:
+    """Every id that ends a turn: the tokenizer's EOS and each EOS of the model's generation config
+    (Qwen's checkpoints end turns with ``<|im_end|>`` or ``<|endoftext|>``), as TRL counts them."""
+    ids = {tokenizer.eos_token_id}
+    declared = getattr(generation_config, "eos_token_id", None)
+    if isinstance(declared, int):
+        ids.add(declared)
+    elif declared:
+        ids.update(declared)
+    return frozenset(i for i in ids if i is not None)
+
+
+def _trim_at_eos(ids: list[int], eos: frozenset[int]) -> int:
     """Length up to and including the first EOS (everything after it is padding)."""
     for i, t in enumerate(ids):
         if t in eos:
@@ -48,19 +73,23 @@ def _trim_at_eos(ids: list[int], eos: set[int]) -> int:
 class TransformersPolicy:
     """Batched sampling with ``transformers`` ``generate`` (left padding), with sampling logprobs.
 
-    Sampling uses the plain softmax at ``temperature`` (top-k and top-p off), so the logprobs are
-    those of the distribution the tokens were drawn from; ``temperature=0`` is greedy.
+    Sampling follows :data:`SAMPLING`: the model's own generation config is set aside while it
+    generates (transformers would otherwise fill every unset option from it), so the logprobs are
+    those of the plain softmax at ``temperature``; ``temperature=0`` is greedy. Every id of
+    :func:`eos_token_ids` ends a turn.
     """
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.eos_ids = eos_token_ids(tokenizer, getattr(model, "generation_config", None))
 
     def generate(
         self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
     ) -> list[tuple[list[int], list[float]]]:
         """Sample one turn for every context in ``batch``."""
         import torch
+        from transformers import GenerationConfig
 
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -71,12 +100,13 @@ class TransformersPolicy:
             [[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device
         )
         sampling: dict[str, Any] = (
-            {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+            {"do_sample": True, "temperature": temperature, **SAMPLING}
             if temperature > 0
             else {"do_sample": False}
         )
-        was_training = self.model.training
+        was_training, own_config = self.model.training, self.model.generation_config
         self.model.eval()  # no dropout while sampling
+        self.model.generation_config = GenerationConfig()
         try:
             with torch.no_grad():
                 out = self.model.generate(
@@ -84,7 +114,7 @@ class TransformersPolicy:
                     attention_mask=attention,
                     max_new_tokens=max_new_tokens,
                     pad_token_id=pad,
-                    eos_token_id=tok.eos_token_id,
+                    eos_token_id=sorted(self.eos_ids),
                     return_dict_in_generate=True,
                     output_scores=True,  # the processed logits the tokens were sampled from
                     # TRL turns the KV cache off for gradient checkpointing; sampling needs it.
@@ -92,13 +122,14 @@ class TransformersPolicy:
                     **sampling,
                 )
         finally:
+            self.model.generation_config = own_config
             self.model.train(was_training)
         new = out.sequences[:, width:]
         logps = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B, T, V]
         chosen = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)
         results = []
         for row, lp in zip(new.tolist(), chosen.tolist(), strict=True):
-            n = _trim_at_eos(row, {tok.eos_token_id})
+            n = _trim_at_eos(row, self.eos_ids)
             results.append((row[:n], lp[:n]))
         return results
 
@@ -107,12 +138,14 @@ class VLLMPolicy:
     """Generation through a ``GRPOTrainer``'s vLLM engine (``use_vllm=True``, colocate or server).
 
     The trainer keeps vLLM's weights in sync before calling ``rollout_func``; sampling parameters
-    (temperature, per-turn ``max_completion_length``) are the trainer's. GPU machines only.
+    (temperature, per-turn ``max_completion_length``, :data:`SAMPLING` through the stage's
+    ``GRPOConfig``) are the trainer's, and so are the ids that end a turn. GPU machines only.
     """
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.tokenizer = trainer.processing_class
+        self.eos_ids = frozenset(trainer.eos_token_ids)
 
     def generate(
         self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
@@ -132,15 +165,26 @@ class VLLMEnginePolicy:
     """Batched sampling with a standalone ``vllm.LLM`` engine (evaluation on a GPU machine).
 
     Contexts go in as token ids (``TokensPrompt``), so prompts are exactly the chat-template ids
-    :func:`birdtrain.rollout.collect` builds; ``logprobs=0`` asks vLLM for the sampled token's own logprob.
-    ``temperature=0`` is greedy, as in :class:`TransformersPolicy`. Needs the ``vllm`` extra.
+    :func:`birdtrain.rollout.collect` builds; ``logprobs=0`` asks vLLM for the sampled token's own
+    logprob. Sampling follows :data:`SAMPLING` (the engine loads no generation config) and stops
+    at every id of :func:`eos_token_ids`; ``temperature=0`` is greedy, as in
+    :class:`TransformersPolicy`. ``engine_kwargs`` go to ``vllm.LLM`` (``gpu_memory_utilization``,
+    ``max_model_len``...). Needs the ``vllm`` extra.
     """
 
     def __init__(self, model_path: str, tokenizer: Any, **engine_kwargs: Any) -> None:
+        from transformers import GenerationConfig
         from vllm import LLM
 
         self.tokenizer = tokenizer
-        self.llm = LLM(model=model_path, tokenizer=model_path, **engine_kwargs)
+        try:
+            declared = GenerationConfig.from_pretrained(model_path)
+        except OSError:  # a checkpoint without generation_config.json
+            declared = None
+        self.eos_ids = eos_token_ids(tokenizer, declared)
+        self.llm = LLM(
+            model=model_path, tokenizer=model_path, generation_config="vllm", **engine_kwargs
+        )
 
     def generate(
         self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
@@ -150,7 +194,11 @@ class VLLMEnginePolicy:
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(
-            temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_new_tokens, logprobs=0
+            temperature=temperature,
+            max_tokens=max_new_tokens,
+            logprobs=0,
+            stop_token_ids=sorted(self.eos_ids),
+            **SAMPLING,
         )
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=ids) for ids in batch], params, use_tqdm=False
@@ -168,14 +216,17 @@ class VLLMEnginePolicy:
         return results
 
 
-def generation_policy(model_path: str, *, engine: str = "auto") -> Any:
+def generation_policy(
+    model_path: str, *, engine: str = "auto", engine_options: dict[str, Any] | None = None
+) -> Any:
     """The policy that generates for evaluation from a checkpoint: ``engine="vllm"``,
-    ``"transformers"``, or ``"auto"`` (vLLM when it is installed and CUDA is present)."""
+    ``"transformers"`` (on CUDA when present), or ``"auto"`` (vLLM when it is installed and CUDA
+    is present). ``engine_options`` go to the vLLM engine (see :class:`VLLMEnginePolicy`)."""
     import importlib.util
 
     import torch
 
-    from birdtrain.models import load_policy, resolve_model
+    from birdtrain.models import inference_device, load_policy, load_tokenizer, resolve_model
 
     if engine not in ("auto", "vllm", "transformers"):
         raise ValueError(f"engine must be auto, vllm or transformers, got {engine!r}")
@@ -183,13 +234,11 @@ def generation_policy(model_path: str, *, engine: str = "auto") -> Any:
     if engine == "auto":
         engine = "vllm" if has_vllm and torch.cuda.is_available() else "transformers"
     if engine == "transformers":
-        return TransformersPolicy(*load_policy(model_path))
+        return TransformersPolicy(*load_policy(model_path, device=inference_device()))
     if not has_vllm:
         raise MissingExtraError("vllm", "vllm")
-    from transformers import AutoTokenizer
-
     path = resolve_model(model_path)
-    return VLLMEnginePolicy(path, AutoTokenizer.from_pretrained(path))
+    return VLLMEnginePolicy(path, load_tokenizer(path), **(engine_options or {}))
 
 
 class EndpointPolicy:

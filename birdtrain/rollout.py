@@ -195,8 +195,8 @@ def tool_suffix_ids(
 
     ``messages`` ends with ``[..., assistant, tool]``. The assistant content is replaced by a
     sentinel and the conversation rendered with a generation prompt; the text after the sentinel is
-    the suffix. When the model already emitted EOS (the template's end-of-turn), that token is not
-    repeated.
+    the suffix. When the model's turn already ended with an EOS (the template's end-of-turn, or
+    another id of the model's that ends a turn), the template's is not added after it.
     """
     probe = [dict(m) for m in messages]
     probe[-2] = {"role": "assistant", "content": _SENTINEL}
@@ -339,13 +339,19 @@ def _reset(envs: Any, plan: Scheduler, resets: dict[int, str], tokenizer: Any) -
 
 
 def _take_turn(
-    episode: Episode, context: list[int], ids: list[int], logps: list[float], tokenizer: Any
+    episode: Episode,
+    context: list[int],
+    ids: list[int],
+    logps: list[float],
+    tokenizer: Any,
+    eos_ids: frozenset[int],
 ) -> str:
-    """Record a generated turn; return its text, the action the env is stepped with."""
+    """Record a generated turn; return its text (without the EOS that ended it), the action the
+    env is stepped with."""
     episode.segments.append(Segment(list(ids), True, [float(x) for x in logps]))
     context += ids
     episode.turns += 1
-    body = ids[:-1] if ids and ids[-1] == tokenizer.eos_token_id else ids
+    body = ids[:-1] if ids and ids[-1] in eos_ids else ids
     action = tokenizer.decode(body, skip_special_tokens=False)
     try:
         parse_tool_call(action)
@@ -364,6 +370,7 @@ def _take_step(
     max_turns: int,
     max_context: int,
     tokenizer: Any,
+    eos_ids: frozenset[int],
 ) -> None:
     """Record what the env answered slot ``i``'s turn; end the rollout or queue the tool block."""
     info, reward, terminated, truncated = outcome
@@ -389,9 +396,7 @@ def _take_step(
     if episode.turns >= max_turns:  # out of turns: the copy's episode is abandoned
         plan.finish(i, truncated=True)
         return
-    ended_with_eos = (
-        bool(episode.segments[-1].ids) and episode.segments[-1].ids[-1] == tokenizer.eos_token_id
-    )
+    ended_with_eos = bool(episode.segments[-1].ids) and episode.segments[-1].ids[-1] in eos_ids
     suffix = tool_suffix_ids(tokenizer, messages, turn_ended_with_eos=ended_with_eos)
     if len(context) + len(suffix) >= max_context:
         plan.finish(i, truncated=True)
@@ -429,6 +434,7 @@ def collect(
     """
     _check_autoreset(envs)
     tokenizer = policy.tokenizer
+    eos_ids = getattr(policy, "eos_ids", None) or frozenset({tokenizer.eos_token_id})
     plan = Scheduler(envs.num_envs, task_ids, num_generations)
     while plan.busy():
         # 1. Free slots start their next rollouts; an idle copy whose episode ended is reset too.
@@ -457,7 +463,7 @@ def collect(
         actions = [""] * envs.num_envs  # idle copies get an empty turn
         for (i, budget), (ids, logps) in zip(budgets.items(), outputs, strict=True):
             actions[i] = _take_turn(
-                plan.slots[i], plan.contexts[i], ids[:budget], logps[:budget], tokenizer
+                plan.slots[i], plan.contexts[i], ids[:budget], logps[:budget], tokenizer, eos_ids
             )
         # 3. Step every copy.
         try:
@@ -482,5 +488,6 @@ def collect(
                 max_turns=max_turns,
                 max_context=max_context,
                 tokenizer=tokenizer,
+                eos_ids=eos_ids,
             )
     return plan.result()

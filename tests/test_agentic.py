@@ -183,6 +183,34 @@ def test_rollout_token_accounting_and_judge_rewards(
     assert first.env_steps >= 2 + 2 + 1 + 3 and first.env_s > 0 and first.generation_s > 0
 
 
+class SecondEosPolicy(ScriptedPolicy):
+    """Ends every turn with the model's other EOS id (``<|endoftext|>``), as Qwen's may."""
+
+    def __init__(self, tokenizer: Any, tasks: list) -> None:
+        super().__init__(tokenizer, tasks)
+        self.other = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+        self.eos_ids = frozenset({tokenizer.eos_token_id, self.other})
+
+    def generate(self, batch: list[list[int]], **kw: Any) -> list[tuple[list[int], list[float]]]:
+        return [([*ids[:-1], self.other], lps) for ids, lps in super().generate(batch, **kw)]
+
+
+def test_any_eos_of_the_model_ends_a_turn(shop_tasks: list, tokenizer: Any) -> None:
+    policy = SecondEosPolicy(tokenizer, shop_tasks)
+    with contextlib.closing(
+        make_vec(2, tasks=shop_tasks, asynchronous=False, vector_kwargs=DISABLED)
+    ) as envs:
+        trajs = _collect(envs, policy, ["shop_1"])
+    passed = next(t for t in trajs if t.reward == 1.0)
+    # The EOS is not part of the action the environment got, and the tool call parsed.
+    assert (passed.tool_calls, passed.invalid_calls) == (2, 0)
+    assert all("<|endoftext|>" not in m["content"] for m in passed.messages)
+    # The template's own end-of-turn is not added after the model's.
+    first_turn, tool_block = passed.segments[0], passed.segments[1]
+    assert first_turn.generated and first_turn.ids[-1] == policy.other
+    assert not tool_block.generated and tool_block.ids[0] != tokenizer.eos_token_id
+
+
 def test_context_limit_truncates_without_dropping(shop_tasks: list, tokenizer: Any) -> None:
     policy = ScriptedPolicy(tokenizer, shop_tasks)
     with contextlib.closing(
@@ -303,6 +331,42 @@ def test_two_grpo_steps_sync_scripted_actor(shop_tasks: list, tiny: Path, tmp_pa
         assert record["agentic/env_s"] > 0 and "loss" in record and "learning_rate" in record
         # Mixed outcomes in every group: GRPO has a signal.
         assert record["frac_reward_zero_std"] == 0.0
+
+
+def test_micro_batches_train_the_step_generated_once(
+    shop_tasks: list, tiny: Path, tmp_path: Path
+) -> None:
+    """Micro-batches of one sequence: TRL still hands rollout_func the whole step (2 tasks x 2
+    rollouts) once per optimizer step, so every group's baseline holds its own rollouts."""
+    from birdtrain.stages import agentic
+
+    tasks = [t for t in shop_tasks if t.instance_id in ("shop_1", "shop_3")]
+    cfg = _stage4_config(vector="sync", max_new_tokens=200, micro_batch_size=1)
+    steps_seen: list[int] = []
+
+    def scripted(trainer: Any) -> ScriptedPolicy:
+        steps_seen.append(trainer.state.global_step)
+        args = trainer.args
+        assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (1, 4)
+        return ScriptedPolicy(trainer.processing_class, tasks)
+
+    with contextlib.closing(
+        make_vec(2, tasks=tasks, asynchronous=False, vector_kwargs=DISABLED)
+    ) as envs:
+        agentic.run(
+            cfg,
+            model_path=str(tiny),
+            out_dir=tmp_path / "s4",
+            tasks=tasks,
+            envs=envs,
+            policy=scripted,
+        )
+    assert steps_seen == [0, 1]  # one rollout per optimizer step, not one per micro-batch
+    steps = _read_metrics(tmp_path / "s4" / "metrics.jsonl")
+    assert [r["step"] for r in steps] == [1, 2]
+    for record in steps:
+        # Every group holds the scripted pass and fail: the groups stayed whole.
+        assert record["agentic/reward_mean"] == 0.5 and record["frac_reward_zero_std"] == 0.0
 
 
 def test_two_grpo_steps_async_tiny_model(shop_tasks: list, tiny: Path, tmp_path: Path) -> None:

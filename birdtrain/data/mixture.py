@@ -357,9 +357,9 @@ def choose_mixture(cfg: Any, out_dir: str | Path, *, model_path: str | None = No
             )
     max_length = cfg.stage1.max_length
 
-    from birdtrain.models import load_policy
+    from birdtrain.models import inference_device, load_policy
 
-    model, tokenizer = load_policy(model_path, dtype=cfg.model.dtype)
+    model, tokenizer = load_policy(model_path, dtype=cfg.model.dtype, device=inference_device())
     base = {n: heldout_loss(model, tokenizer, held_examples[n], max_length) for n in names}
     del model
     results = []

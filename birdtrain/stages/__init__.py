@@ -10,22 +10,37 @@ with its tokenizer to ``out_dir/"checkpoint"`` and returns that path.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
+from birdenv.errors import GPUSetupError
+
+logger = logging.getLogger(__name__)
+
 __all__ = [
+    "IS_RATIO_MIN",
+    "Precision",
     "StageError",
     "check_batches",
+    "check_single_gpu",
     "checkpointing",
+    "common_arguments",
+    "dtype_bytes",
     "finish_stage",
+    "grpo_arguments",
+    "load_for_training",
+    "masked_steps",
     "prompt_groups",
     "save_checkpoint",
     "silence_trl_experimental",
     "stage_actor",
     "train",
     "trainer_device_args",
+    "training_precision",
     "write_metrics",
 ]
 
@@ -82,8 +97,11 @@ def finish_stage(trainer: Any, stage: str, out_dir: Path, extra: Any = None) -> 
             f"{stage} ran zero optimizer steps (its data loader yielded no full batch): lower its "
             "batch size or train on more examples; no checkpoint was saved"
         )
-    write_metrics(trainer.state.log_history, out_dir / "metrics.jsonl", extra=extra)
-    return save_checkpoint(trainer.model, trainer.processing_class, out_dir / "checkpoint")
+    records = write_metrics(trainer.state.log_history, out_dir / "metrics.jsonl", extra=extra)
+    masked_steps(records, trainer.args, stage)
+    return save_checkpoint(
+        trainer.model, trainer.processing_class, out_dir / "checkpoint", args=trainer.args
+    )
 
 
 def checkpointing(save_steps: int) -> dict[str, Any]:
@@ -115,20 +133,6 @@ def train(trainer: Any) -> None:
     trainer.train(resume_from_checkpoint=last)
 
 
-def trainer_device_args(model: Any) -> dict[str, Any]:
-    """``TrainingArguments`` keywords for this machine and the ``model`` settings
-    (:class:`~birdtrain.config.ModelConfig`): CPU when there is no CUDA, bf16/fp16 on GPU, and
-    ``model.gradient_checkpointing``."""
-    import torch
-
-    # TRL turns checkpointing on by default; pass it either way, by its current keyword (TRL's
-    # configs set the deprecated ``gradient_checkpointing`` alias, which warns when it is used).
-    args: dict[str, Any] = {"activation_checkpointing": model.gradient_checkpointing}
-    if not torch.cuda.is_available():
-        return {**args, "use_cpu": True, "bf16": False, "fp16": False}
-    return {**args, "bf16": model.dtype == "bfloat16", "fp16": model.dtype == "float16"}
-
-
 def _quiet_steps(trainer: Any) -> None:
     """Drop the trainer's progress bar and its printed line per logging step when transformers logs
     errors only (``birdtrain`` without ``-v``)."""
@@ -138,6 +142,228 @@ def _quiet_steps(trainer: Any) -> None:
     if logging.get_verbosity() > logging.WARNING:
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """How a stage holds and computes its model: the one dtype rule of every training stage.
+
+    Trainable weights are always float32 (full fine-tuning keeps float32 master weights; LoRA
+    adapters are float32), so no stage trains in pure half precision by accident: Adam's small
+    steps would round away in bfloat16, and float16 gradients cannot be unscaled. On a GPU the
+    forward and backward run in ``compute`` under autocast; frozen weights (the LoRA base) and the
+    reference model are stored in it.
+    """
+
+    #: dtype the model is loaded and kept in: float32 for full fine-tuning, ``compute`` for a LoRA base.
+    weights: str
+    #: dtype of the forward and backward (autocast on a GPU).
+    compute: str
+    cuda: bool
+    #: trains LoRA adapters (float32) on a frozen base, rather than every weight.
+    lora: bool
+
+    @property
+    def half(self) -> bool:
+        """True when the forward runs in bfloat16 or float16 (autocast)."""
+        return self.compute != "float32"
+
+
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of ``"float32"``, ``"bfloat16"`` or ``"float16"``."""
+    return _BYTES[dtype]
+
+
+def training_precision(
+    dtype: str, *, lora: bool, cuda: bool | None = None, bf16_supported: bool | None = None
+) -> Precision:
+    """The :class:`Precision` of a stage from ``model.dtype`` and whether it trains LoRA adapters.
+
+    ``dtype="auto"`` is bfloat16 on a GPU that supports it, float16 on one that does not, float32
+    on the CPU. The CPU has no autocast: a half ``dtype`` there only stores (and runs) a frozen LoRA
+    base in it; full fine-tuning computes in float32. ``cuda``/``bf16_supported`` default to this
+    machine's.
+    """
+    import torch
+
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    if dtype == "auto":
+        if not cuda:
+            dtype = "float32"
+        else:
+            if bf16_supported is None:
+                bf16_supported = torch.cuda.is_bf16_supported()
+            dtype = "bfloat16" if bf16_supported else "float16"
+    compute = dtype if cuda or lora else "float32"
+    return Precision(weights=dtype if lora else "float32", compute=compute, cuda=cuda, lora=lora)
+
+
+def check_single_gpu() -> None:
+    """Refuse several visible GPUs in a process no launcher started.
+
+    ``Trainer`` would wrap the model in ``nn.DataParallel``, which GRPO rejects and which the
+    per-turn rollout loop of stage 4 cannot drive; data parallelism needs one process per GPU.
+    """
+    import torch
+
+    if not torch.cuda.is_available() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return
+    count = torch.cuda.device_count()
+    if count > 1:
+        raise GPUSetupError(
+            f"{count} GPUs are visible and birdtrain trains on one: make one visible with "
+            "CUDA_VISIBLE_DEVICES=0 (one process per GPU, e.g. under `accelerate launch`, is the "
+            "way to train on several; birdtrain does not start them)"
+        )
+
+
+def common_arguments(cfg: Any, stage: Any) -> dict[str, Any]:
+    """``TrainingArguments`` keywords every stage shares: a log entry per step, the run's seed and
+    reporting, and the stage's intermediate checkpoints (:func:`checkpointing`; the final, merged
+    save is :func:`save_checkpoint`'s). ``stage``: the stage's configuration."""
+    return {
+        "logging_steps": 1,
+        "report_to": cfg.report_to,
+        "seed": cfg.seed,
+        "disable_tqdm": False,
+        **checkpointing(stage.save_steps),
+    }
+
+
+def trainer_device_args(precision: Precision, model: Any) -> dict[str, Any]:
+    """``TrainingArguments`` keywords for ``precision`` and the ``model`` settings
+    (:class:`~birdtrain.config.ModelConfig`): CPU without CUDA, autocast on a GPU, and
+    ``model.gradient_checkpointing``."""
+    # TRL turns checkpointing on by default; pass it either way, by its current keyword (TRL's
+    # configs set the deprecated ``gradient_checkpointing`` alias, which warns when it is used).
+    args: dict[str, Any] = {"activation_checkpointing": model.gradient_checkpointing}
+    if not precision.cuda:
+        return {**args, "use_cpu": True, "bf16": False, "fp16": False}
+    return {
+        **args,
+        "bf16": precision.compute == "bfloat16",
+        "fp16": precision.compute == "float16",
+    }
+
+
+def _reference_arguments(precision: Precision, *, beta: float) -> dict[str, Any]:
+    """``GRPOConfig`` keywords for the reference model of full fine-tuning.
+
+    TRL builds it in the policy's dtype, float32 here; it never trains, so it is stored in the
+    compute dtype (half the memory). Under LoRA the base with adapters off is the reference.
+    """
+    if beta == 0 or precision.lora or not precision.half:
+        return {}
+    return {"model_init_kwargs": {"dtype": precision.compute}}
+
+
+def _vllm_arguments(stage: Any, *, max_model_length: int) -> dict[str, Any]:
+    """``GRPOConfig`` keywords for generation: :data:`~birdtrain.policies.SAMPLING`, and vLLM's
+    settings when on.
+
+    ``max_model_length``: the longest sequence the stage produces, vLLM's context window unless
+    ``stage.vllm_max_model_length`` sets one.
+    """
+    from birdtrain.policies import SAMPLING
+
+    args: dict[str, Any] = {**SAMPLING, "use_vllm": stage.use_vllm}
+    if not stage.use_vllm:
+        return args
+    args.update(
+        vllm_mode=stage.vllm_mode,
+        vllm_max_model_length=stage.vllm_max_model_length or max_model_length,
+        vllm_importance_sampling_mode=stage.vllm_importance_sampling_mode,
+        vllm_importance_sampling_clip_max=stage.vllm_importance_sampling_clip_max,
+    )
+    if stage.vllm_mode == "colocate":
+        args.update(
+            vllm_gpu_memory_utilization=stage.vllm_gpu_memory_utilization,
+            vllm_enable_sleep_mode=stage.vllm_enable_sleep_mode,
+        )
+    elif stage.vllm_server_base_url:
+        args["vllm_server_base_url"] = stage.vllm_server_base_url
+    return args
+
+
+def grpo_arguments(
+    cfg: Any, stage: Any, precision: Precision, *, sequences: int, max_model_length: int
+) -> dict[str, Any]:
+    """The ``GRPOConfig`` keywords stages 3 and 4 share (``stage``: ``cfg.stage3`` or ``stage4``).
+
+    TRL generates a step's ``sequences`` (prompts x group) together, then trains on them in
+    micro-batches of ``stage.micro_batch_size`` (one group by default) whose gradients
+    accumulate: memory grows with the micro-batch, not with the step. ``max_model_length``: the
+    longest sequence the stage produces (vLLM's context window unless the stage sets one).
+    """
+    micro = stage.micro_batch_size or stage.num_generations
+    return {
+        "num_generations": stage.num_generations,
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": sequences // micro,
+        "max_steps": stage.max_steps,
+        "learning_rate": stage.learning_rate,
+        "beta": stage.beta,
+        "temperature": stage.temperature,
+        **common_arguments(cfg, stage),
+        **_vllm_arguments(stage, max_model_length=max_model_length),
+        **_reference_arguments(precision, beta=stage.beta),
+        **trainer_device_args(precision, cfg.model),
+    }
+
+
+def load_for_training(cfg: Any, model_path: str) -> tuple[Any, Any, Any, Precision]:
+    """``(model, tokenizer, peft_config, precision)`` of a training stage, the dtype rule applied.
+
+    The model is loaded in its checkpoint's dtype, LoRA decided (``model.lora``; ``None``: over
+    1B parameters), then cast to :attr:`Precision.weights`.
+    """
+    import torch
+
+    from birdtrain.models import load_policy, lora_config
+
+    check_single_gpu()
+    model, tokenizer = load_policy(model_path, dtype="auto")
+    peft_config = lora_config(cfg.model, model)
+    precision = training_precision(cfg.model.dtype, lora=peft_config is not None)
+    model = model.to(getattr(torch, precision.weights))
+    return model, tokenizer, peft_config, precision
+
+
+#: TRL's log entry of the smallest importance-sampling ratio of a step (vLLM generation only).
+IS_RATIO_MIN = "sampling/importance_sampling_ratio/min"
+
+
+def masked_steps(records: list[dict[str, Any]], settings: Any, name: str) -> list[int]:
+    """Steps where TRL's importance-sampling mask zeroed a sequence or a token, with a warning.
+
+    Under a ``*_mask`` mode a ratio past the clip becomes 0 (``IS_RATIO_MIN`` of the step is 0):
+    that sequence or token is not trained on. ``records`` are ``metrics.jsonl``'s; ``settings``
+    the stage's ``GRPOConfig`` or stage configuration (anything without vLLM: no correction).
+    """
+    if not getattr(settings, "use_vllm", False):
+        return []
+    mode = settings.vllm_importance_sampling_mode
+    if not mode.endswith("_mask"):
+        return []
+    steps = [r.get("step", i) for i, r in enumerate(records) if r.get(IS_RATIO_MIN) == 0]
+    if steps:
+        logger.warning(
+            "%s: TRL's importance-sampling mask (%s, clip %s) dropped part of the batch from the "
+            "loss at %d of %d steps (%s = 0); %s.vllm_importance_sampling_mode=token_truncate "
+            "clips instead of dropping",
+            name,
+            mode,
+            settings.vllm_importance_sampling_clip_max,
+            len(steps),
+            sum(1 for r in records if IS_RATIO_MIN in r),
+            IS_RATIO_MIN,
+            name,
+        )
+    return steps
 
 
 def write_metrics(
@@ -161,11 +387,19 @@ def write_metrics(
     return records
 
 
-def save_checkpoint(model: Any, tokenizer: Any, path: Path) -> Path:
-    """Save a full checkpoint of ``model`` (LoRA adapters merged in) and its tokenizer at ``path``."""
+def save_checkpoint(model: Any, tokenizer: Any, path: Path, *, args: Any = None) -> Path:
+    """Save a full checkpoint of ``model`` (LoRA adapters merged in) and its tokenizer at ``path``.
+
+    With the trainer's ``args`` in mixed precision, the weights are saved in its half dtype (what
+    the next stage and vLLM load anyway), not in the float32 of the master weights.
+    """
     # A peft model saves adapters only; later stages and evaluation load a plain checkpoint.
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
+    if args is not None and (args.bf16 or args.fp16):
+        import torch
+
+        model = model.to(torch.bfloat16 if args.bf16 else torch.float16)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -39,18 +39,19 @@ from birdenv.tasks import Task, load_tasks
 from birdtrain import rollout
 from birdtrain.sampling import Group, dynamic_sample
 from birdtrain.stages import (
+    Precision,
     check_batches,
-    checkpointing,
     finish_stage,
+    grpo_arguments,
+    load_for_training,
     prompt_groups,
     silence_trl_experimental,
     stage_actor,
     train,
-    trainer_device_args,
 )
 from birdtrain.trajectory_store import TrajectoryStore, episode_rows
 
-__all__ = ["build_dataset", "make_reward_func", "make_rollout_func", "run"]
+__all__ = ["build_dataset", "make_reward_func", "make_rollout_func", "run", "trainer_arguments"]
 
 #: Per-step metrics the stage adds to TRL's (names in metrics.jsonl).
 METRICS = (
@@ -250,6 +251,25 @@ def make_reward_func() -> Any:
     return env_reward
 
 
+def trainer_arguments(cfg: Any, out_dir: Path, precision: Precision) -> dict[str, Any]:
+    """The ``GRPOConfig`` keywords of stage 4 (what ``birdtrain plan`` prints, too).
+
+    ``rollout_func`` receives the step's whole generation batch (tasks x group) at once.
+    """
+    stage = cfg.stage4
+    return {
+        "output_dir": str(Path(out_dir) / "trainer"),
+        "max_completion_length": stage.max_new_tokens,  # per turn (vLLM's max_tokens)
+        **grpo_arguments(
+            cfg,
+            stage,
+            precision,
+            sequences=stage.tasks_per_step * stage.num_generations,
+            max_model_length=stage.max_context,
+        ),
+    }
+
+
 def _load_tasks(tasks: Any, cfg: Any) -> list[Task]:
     if tasks is None:
         tasks = cfg.data.train_suite
@@ -295,8 +315,6 @@ def run(
     silence_trl_experimental()
     from trl import GRPOConfig, GRPOTrainer
 
-    from birdtrain.models import load_policy, lora_config
-
     stage = cfg.stage4
     out_dir = Path(out_dir)
     task_list = _load_tasks(tasks, cfg)
@@ -315,36 +333,15 @@ def run(
         )
     try:
         check_batches("stage4", len(task_list), stage.tasks_per_step, "tasks_per_step")
-        model, tokenizer = load_policy(model_path, dtype=cfg.model.dtype)
-        batch = stage.tasks_per_step * stage.num_generations
-        args = GRPOConfig(
-            output_dir=str(out_dir / "trainer"),
-            per_device_train_batch_size=batch,
-            gradient_accumulation_steps=1,
-            num_generations=stage.num_generations,
-            max_completion_length=stage.max_new_tokens,  # per turn (vLLM's max_tokens)
-            max_steps=stage.max_steps,
-            learning_rate=stage.learning_rate,
-            beta=stage.beta,
-            temperature=stage.temperature,
-            top_k=0,
-            top_p=1.0,
-            logging_steps=1,
-            report_to=cfg.report_to,
-            seed=cfg.seed,
-            **checkpointing(stage.save_steps),
-            disable_tqdm=False,
-            use_vllm=stage.use_vllm,
-            **({"vllm_mode": "colocate"} if stage.use_vllm else {}),
-            **trainer_device_args(cfg.model),
-        )
+        model, tokenizer, peft_config, precision = load_for_training(cfg, model_path)
+        args = GRPOConfig(**trainer_arguments(cfg, out_dir, precision))
         trainer = GRPOTrainer(
             model=model,
             processing_class=tokenizer,
             reward_funcs=[make_reward_func()],
             args=args,
             train_dataset=build_dataset(task_list),
-            peft_config=lora_config(cfg.model, model),
+            peft_config=peft_config,
             rollout_func=make_rollout_func(
                 envs,
                 stage,

@@ -13,8 +13,9 @@ advantage, nothing learnt) is replaced by the group of another training task
 TRL as extra fields; TRL's reward functions only read them back, so TRL's logs
 (``rewards/solution_reward/mean``, ``frac_reward_zero_std``) describe the batch it trains on.
 
-One optimizer step sees ``prompts_per_step`` × ``num_generations`` completions: a micro-batch is
-one prompt's group and gradients accumulate over the prompts.
+One optimizer step sees ``prompts_per_step`` × ``num_generations`` completions, trained on in
+micro-batches (``micro_batch_size``; one prompt's group by default) whose gradients accumulate, so
+memory grows with the micro-batch, not with the whole batch.
 
 Read top to bottom: dataset (one row per task) → ``rollout_func`` (sample, score, resample) →
 reward functions (read the scores, log the sampling figures) → ``GRPOConfig`` → train → save.
@@ -30,15 +31,23 @@ from typing import Any
 
 from birdtrain.sampling import Group, dynamic_sample
 from birdtrain.stages import (
-    checkpointing,
+    Precision,
     finish_stage,
+    grpo_arguments,
+    load_for_training,
     prompt_groups,
     stage_actor,
     train,
-    trainer_device_args,
 )
 
-__all__ = ["build_dataset", "build_trainer", "make_rollout_func", "run", "step_metrics"]
+__all__ = [
+    "build_dataset",
+    "build_trainer",
+    "make_rollout_func",
+    "run",
+    "step_metrics",
+    "trainer_arguments",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -183,57 +192,49 @@ _solution_reward.__name__ = "solution_reward"
 _format_reward.__name__ = "format_reward"
 
 
+def trainer_arguments(cfg: Any, out_dir: Path, precision: Precision) -> dict[str, Any]:
+    """The ``GRPOConfig`` keywords of stage 3 (what ``birdtrain plan`` prints, too)."""
+    s = cfg.stage3
+    return {
+        "output_dir": str(Path(out_dir) / "trainer"),
+        "max_completion_length": s.max_completion_length,
+        "reward_weights": [1.0, s.format_reward_weight] if s.format_reward_weight else [1.0],
+        **grpo_arguments(
+            cfg,
+            s,
+            precision,
+            sequences=s.prompts_per_step * s.num_generations,
+            max_model_length=s.max_prompt_length + s.max_completion_length,
+        ),
+    }
+
+
 def build_trainer(
     cfg: Any, *, model_path: str, out_dir: Path, tasks: Iterable[Any], policy: Any = None
 ) -> Any:
     """The configured ``GRPOTrainer`` (what :func:`run` trains)."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from birdtrain.models import load_policy, lora_config
     from birdtrain.stages import check_batches, silence_trl_experimental
 
     silence_trl_experimental()
     s = cfg.stage3
     tasks = list(tasks)
-    model, tokenizer = load_policy(model_path, dtype=cfg.model.dtype)
+    model, tokenizer, peft_config, precision = load_for_training(cfg, model_path)
     dataset = build_dataset(tasks, tokenizer, s.max_prompt_length, cfg.prompt.options())
     check_batches("stage3", len(dataset), s.prompts_per_step, "prompts_per_step")
     kept = set(dataset["task_id"])
     reward_funcs: list[Any] = [_solution_reward]
-    reward_weights = [1.0]
     if s.format_reward_weight:
         reward_funcs.append(_format_reward)
-        reward_weights.append(s.format_reward_weight)
-    vllm = {"use_vllm": True, "vllm_mode": "colocate"} if s.use_vllm else {}
-    args = GRPOConfig(
-        output_dir=str(Path(out_dir) / "trainer"),
-        max_steps=s.max_steps,
-        learning_rate=s.learning_rate,
-        beta=s.beta,
-        temperature=s.temperature,
-        top_k=0,
-        top_p=1.0,
-        num_generations=s.num_generations,
-        max_completion_length=s.max_completion_length,
-        # One prompt's group per micro-batch, accumulated over the step's prompts.
-        per_device_train_batch_size=s.num_generations,
-        gradient_accumulation_steps=s.prompts_per_step,
-        reward_weights=reward_weights,
-        logging_steps=1,
-        **checkpointing(s.save_steps),
-        report_to=cfg.report_to,
-        seed=cfg.seed,
-        disable_tqdm=False,
-        **vllm,
-        **trainer_device_args(cfg.model),
-    )
+    args = GRPOConfig(**trainer_arguments(cfg, out_dir, precision))
     return GRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=lora_config(cfg.model, model),
+        peft_config=peft_config,
         rollout_func=make_rollout_func(
             [t for t in tasks if t.instance_id in kept],
             s,

@@ -29,9 +29,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from birdtrain.stages import checkpointing, finish_stage, train, trainer_device_args
+from birdtrain.stages import (
+    Precision,
+    common_arguments,
+    finish_stage,
+    load_for_training,
+    train,
+    trainer_device_args,
+)
 
-__all__ = ["build_dataset", "build_trainer", "run"]
+__all__ = ["build_dataset", "build_trainer", "run", "trainer_arguments"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,43 +115,43 @@ def build_dataset(
     raise ValueError(f"stage must be 1 or 2, got {stage!r}")
 
 
+def trainer_arguments(cfg: Any, out_dir: Path, precision: Precision, stage: int) -> dict[str, Any]:
+    """The ``SFTConfig`` keywords of stage ``stage`` (what ``birdtrain plan`` prints, too)."""
+    stage_cfg = cfg.stage1 if stage == 1 else cfg.stage2
+    per_turn = stage == 2 and stage_cfg.turns in ("each", "first")
+    return {
+        "output_dir": str(Path(out_dir) / "trainer"),
+        "num_train_epochs": stage_cfg.epochs,
+        "max_steps": stage_cfg.max_steps,
+        "learning_rate": stage_cfg.learning_rate,
+        "per_device_train_batch_size": stage_cfg.per_device_batch_size,
+        "gradient_accumulation_steps": stage_cfg.batch_size // stage_cfg.per_device_batch_size,
+        "warmup_steps": stage_cfg.warmup_ratio,  # a float below 1 is a ratio of the total steps
+        "max_length": stage_cfg.max_length,
+        # Stage 1 and per-turn stage 2: loss on the completion only; whole trajectories: on the
+        # assistant turns only.
+        "completion_only_loss": stage == 1 or per_turn,
+        "assistant_only_loss": stage == 2 and not per_turn,
+        "dataset_num_proc": None,
+        **common_arguments(cfg, stage_cfg),
+        **trainer_device_args(precision, cfg.model),
+    }
+
+
 def build_trainer(cfg: Any, *, model_path: str, out_dir: Path, examples: Any, stage: int) -> Any:
     """The configured ``SFTTrainer`` for ``stage`` (what :func:`run` trains; tests inspect it)."""
     from trl import SFTConfig, SFTTrainer
 
-    from birdtrain.models import load_policy, lora_config
-
     stage_cfg = cfg.stage1 if stage == 1 else cfg.stage2
-    per_turn = stage == 2 and stage_cfg.turns in ("each", "first")
     dataset = build_dataset(examples, stage, turns=stage_cfg.turns if stage == 2 else "whole")
-    model, tokenizer = load_policy(model_path, dtype=cfg.model.dtype)
-    args = SFTConfig(
-        output_dir=str(Path(out_dir) / "trainer"),
-        num_train_epochs=stage_cfg.epochs,
-        max_steps=stage_cfg.max_steps,
-        learning_rate=stage_cfg.learning_rate,
-        per_device_train_batch_size=stage_cfg.per_device_batch_size,
-        gradient_accumulation_steps=stage_cfg.batch_size // stage_cfg.per_device_batch_size,
-        warmup_steps=stage_cfg.warmup_ratio,  # a float below 1 is a ratio of the total steps
-        max_length=stage_cfg.max_length,
-        # Stage 1 and per-turn stage 2: loss on the completion only; whole trajectories: on the
-        # assistant turns only.
-        completion_only_loss=stage == 1 or per_turn,
-        assistant_only_loss=stage == 2 and not per_turn,
-        logging_steps=1,
-        **checkpointing(stage_cfg.save_steps),
-        report_to=cfg.report_to,
-        seed=cfg.seed,
-        disable_tqdm=False,
-        dataset_num_proc=None,
-        **trainer_device_args(cfg.model),
-    )
+    model, tokenizer, peft_config, precision = load_for_training(cfg, model_path)
+    args = SFTConfig(**trainer_arguments(cfg, out_dir, precision, stage))
     trainer = SFTTrainer(
         model=model,
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=lora_config(cfg.model, model),
+        peft_config=peft_config,
     )
     # TRL truncates to max_length and then drops examples left with no trained token: a limit
     # below the prompt's length silently empties the data set.

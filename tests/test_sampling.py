@@ -1,0 +1,74 @@
+"""The sampling rule every engine follows, on a checkpoint whose generation_config would change it:
+only the temperature shapes the distribution, and every EOS id of the model ends a turn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl", reason="TRL is in the train extra")
+
+from birdtrain.models import build_tiny_model, load_policy
+from birdtrain.policies import TransformersPolicy, eos_token_ids
+
+PROMPT = [{"role": "user", "content": "SELECT name FROM customers WHERE city = NULL"}]
+
+
+def _prompt_ids(tokenizer: Any) -> list[int]:
+    ids = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def _plain_logps(model: Any, ids: list[int], temperature: float) -> Any:
+    """log softmax(logits / temperature) of the next token after every prefix of ``ids``."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    return (logits / temperature).log_softmax(-1)
+
+
+@pytest.fixture(scope="module")
+def opinionated(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
+    """A tiny model whose generation_config sets a repetition penalty, top-k, min-p, and a second
+    EOS id: the token it writes first, greedily, after the prompt. Returns (path, that id)."""
+    path = build_tiny_model(tmp_path_factory.mktemp("opinionated"))
+    model, tokenizer = load_policy(str(path))
+    first = int(_plain_logps(model, _prompt_ids(tokenizer), 1.0)[-1].argmax())
+    assert first != tokenizer.eos_token_id
+    config = model.generation_config
+    config.do_sample, config.repetition_penalty, config.top_k, config.min_p = True, 3.0, 3, 0.5
+    config.eos_token_id = [tokenizer.eos_token_id, first]
+    config.save_pretrained(path)
+    return str(path), first
+
+
+def test_every_eos_id_of_the_model_ends_a_turn(opinionated: tuple[str, int]) -> None:
+    path, first = opinionated
+    model, tokenizer = load_policy(path)
+    policy = TransformersPolicy(model, tokenizer)
+    assert policy.eos_ids == {tokenizer.eos_token_id, first}
+    assert eos_token_ids(tokenizer, model.generation_config) == policy.eos_ids
+    prompt = _prompt_ids(tokenizer)
+    # Greedy under the plain distribution writes `first`, a declared EOS: the turn ends there.
+    ((ids, logps),) = policy.generate([prompt], max_new_tokens=12, temperature=0.0)
+    assert ids == [first]
+    assert logps[0] == pytest.approx(float(_plain_logps(model, prompt, 1.0)[-1, first]), abs=1e-4)
+    # The checkpoint's own settings are left as they were.
+    assert model.generation_config.repetition_penalty == 3.0
+
+
+def test_sampling_ignores_the_checkpoint_generation_config(opinionated: tuple[str, int]) -> None:
+    """Sampled logprobs are those of softmax(logits / T): no penalty, top-k or min-p applied."""
+    path, _ = opinionated
+    model, tokenizer = load_policy(path)
+    policy = TransformersPolicy(model, tokenizer)
+    prompt = _prompt_ids(tokenizer)
+    batch = [prompt, prompt[3:]]
+    for context, (ids, logps) in zip(
+        batch, policy.generate(batch, max_new_tokens=8, temperature=0.7), strict=True
+    ):
+        plain = _plain_logps(model, context + ids, 0.7)
+        expected = [float(plain[len(context) - 1 + k, t]) for k, t in enumerate(ids)]
+        assert logps == pytest.approx(expected, abs=1e-4)
