@@ -70,6 +70,9 @@ def estimate_pass_rates(
             max_new_tokens=s.max_completion_length if mode == "single" else s.max_new_tokens,
             label=f"difficulty-{stage}",
             prompt=cfg.prompt.options(),
+            # An agent's rollouts end where the stage's do; a vLLM engine starts as evaluations' do.
+            **({"max_context": s.max_context} if mode == "agent" else {}),
+            engine_options=cfg.eval.engine_options(),
         )
         for line in (out_dir / "verdicts.jsonl").read_text().splitlines():
             row = json.loads(line)
