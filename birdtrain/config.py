@@ -616,7 +616,9 @@ PRESETS: dict[str, dict[str, Any]] = {
             "epochs": 3,
             "learning_rate": 1e-4,
             "batch_size": 8,
-            "per_device_batch_size": 2,
+            # One trajectory per forward pass: two of up to 3k tokens held ~17 GB of activations
+            # (no gradient checkpointing), too much beside anything else on a 24 GB machine.
+            "per_device_batch_size": 1,
             "max_length": 3072,
             "warmup_ratio": 0.05,
             # One example per trajectory, loss on its three turns: the same tokens as "each" for
