@@ -64,7 +64,7 @@ class ModelConfig:
     gradient_checkpointing: bool = _field(
         True,
         "recompute activations during the backward pass: far less memory for long sequences, "
-        "about a third more compute per step (worth turning off for small models on a CPU)",
+        "one more forward pass per step (worth turning off for small models on a CPU)",
     )
 
     def __post_init__(self) -> None:
@@ -546,7 +546,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "name_or_path": "smollm",
             "lora": False,
             "dtype": "float32",
-            "gradient_checkpointing": False,  # 135M parameters fit; the recompute does not pay
+            "gradient_checkpointing": False,  # no recompute: one forward pass fewer a step
         },
         "data": {"max_train_tasks": 2},
         "stage1": {
@@ -599,7 +599,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "name_or_path": "smollm",
             "lora": False,
             "dtype": "float32",
-            "gradient_checkpointing": False,  # 135M parameters fit; the recompute does not pay
+            "gradient_checkpointing": False,  # no recompute: one forward pass fewer a step
         },
         "prompt": {"schema": "linked", "sample_rows": False},
         "data": {"mixture": {"gym-mini": 1.0}, "max_train_tasks": 64},
