@@ -138,6 +138,22 @@ def _cfg(**overrides: Any) -> CurriculumConfig:
     )
 
 
+def _gold_answers(tasks: list[Task]) -> list[dict[str, Any]]:
+    """Stage-1 examples: each task's single-turn prompt answered with its gold SQL."""
+    from birdtrain.prompts import format_answer, single_turn_prompt
+
+    return [
+        {
+            "prompt": [{"role": "user", "content": single_turn_prompt(t)}],
+            "completion": [
+                {"role": "assistant", "content": format_answer("Fix the SQL.", list(t.sol_sql))}
+            ],
+            "task_id": t.instance_id,
+        }
+        for t in tasks
+    ]
+
+
 def test_shop_tasks_are_valid(shop: list[Task]) -> None:
     from birdenv.judge import judge
 
@@ -439,19 +455,9 @@ def test_an_interrupted_stage_resumes_from_its_last_checkpoint(
     import torch
     from transformers import AutoModelForCausalLM, TrainerCallback
 
-    from birdtrain.prompts import format_answer, single_turn_prompt
     from birdtrain.stages import sft, train
 
-    examples = [
-        {
-            "prompt": [{"role": "user", "content": single_turn_prompt(t)}],
-            "completion": [
-                {"role": "assistant", "content": format_answer("Fix.", list(t.sol_sql))}
-            ],
-            "task_id": t.instance_id,
-        }
-        for t in shop[:6]
-    ]
+    examples = _gold_answers(shop[:6])
     cfg = _cfg(**{"stage1.max_steps": 3, "stage1.save_steps": 1, "stage1.learning_rate": 1e-3})
 
     class Killed(Exception):
@@ -497,19 +503,9 @@ def test_save_steps_is_checked() -> None:
 def test_stage1_then_stage3_end_to_end(shop: list[Task], tiny: str, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from birdtrain.prompts import format_answer, single_turn_prompt
     from birdtrain.stages import grpo, sft
 
-    examples = [
-        {
-            "prompt": [{"role": "user", "content": single_turn_prompt(t)}],
-            "completion": [
-                {"role": "assistant", "content": format_answer("Fix the SQL.", list(t.sol_sql))}
-            ],
-            "task_id": t.instance_id,
-        }
-        for t in shop[:4]
-    ]
+    examples = _gold_answers(shop[:4])
     cfg = _cfg(
         **{
             "stage1.max_steps": 2,
