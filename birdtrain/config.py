@@ -613,7 +613,9 @@ PRESETS: dict[str, dict[str, Any]] = {
             "save_steps": 6,
         },
         "stage2": {
-            "epochs": 3,
+            # One epoch (8 steps of ~5 CPU-minutes): stage 1 already taught the answer format, and
+            # three epochs of 153k tokens would take ~2.5 h of a 4 h budget.
+            "epochs": 1,
             "learning_rate": 1e-4,
             "batch_size": 8,
             # One trajectory per forward pass: two of up to 3k tokens held ~17 GB of activations
