@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from birdenv.replicas import Limits, ReplicaPool
+from birdenv.replicas.results import ResultCache
 from birdenv.replicas.session import Result
 from birdenv.tasks import parse_task
 
@@ -485,7 +486,40 @@ def test_siblings_share_and_threads_agree(lab) -> None:
         stats = shared.stats()
     assert all(got[k] == expected for k in range(8))
     reads = sum(1 for sql, label in STATEMENTS if label == "read")
-    assert stats["results_hits"] >= 7 * reads // 2, stats  # threads may race to the first run
+    # the first thread to reach a state runs each read once; the other seven wait for its result
+    assert stats["results_hits"] == 7 * reads, stats
+
+
+def test_a_waiter_runs_the_statement_itself_when_the_first_run_shares_nothing() -> None:
+    """A thread waiting on a sibling's run of the same key gets the result the sibling stored, or,
+    when the sibling stored none (a change, a volatile read), None at once: it runs it itself."""
+    cache = ResultCache()
+    assert cache.get("k") is None  # this thread runs "k" now
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.append(cache.get("k", timeout=30)))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # waiting for this thread's run
+    cache.release("k")  # nothing stored: a change
+    waiter.join(5)
+    assert not waiter.is_alive() and got == [None]
+    stored = Result(["x"], [(1,)], 1, False, None, 0.5)
+    assert cache.get("k2") is None
+    waiter = threading.Thread(target=lambda: got.append(cache.get("k2", timeout=30)))
+    waiter.start()
+    waiter.join(0.2)
+    cache.put("k2", stored, 64)
+    cache.release("k2")
+    waiter.join(5)
+    assert got == [None, stored]
+    assert cache.stats()["hits"] == 1
+    # a waiter gives up after its timeout (the statement's own limit) and runs it itself
+    assert cache.get("k3") is None
+    box: list[object] = []
+    waiter = threading.Thread(target=lambda: box.append(cache.get("k3", timeout=0.05)))
+    waiter.start()
+    waiter.join(5)
+    assert box == [None]
 
 
 def test_a_session_used_directly_stops_sharing(lab) -> None:

@@ -282,8 +282,9 @@ class ResultCache:
     """Read-only results by (state, statement, deadline): bounded in bytes, safe across threads.
 
     One per replica pool (so one per process): the G rollouts of a task that reach the same state
-    run each read-only statement once. Least recently used entries go first; a result larger than
-    a sixteenth of the budget is not kept.
+    run each read-only statement once, also when they reach it at the same moment in several
+    threads (the first runs it, the others wait for its result). Least recently used entries go
+    first; a result larger than a sixteenth of the budget is not kept.
     """
 
     def __init__(self, max_bytes: int = 64 << 20) -> None:
@@ -294,18 +295,53 @@ class ResultCache:
         self._entries: collections.OrderedDict[Any, tuple[Any, int]] = collections.OrderedDict()
         self._bytes = 0
         self._stats = {"lookups": 0, "hits": 0, "stored": 0, "evicted": 0, "saved_seconds": 0.0}
+        # Statements being run: key -> [the running thread's id, the Event its waiters wait on
+        # (made by the first waiter: an uncontended miss makes none)].
+        self._flights: dict[Any, list[Any]] = {}
 
-    def get(self, key: Any) -> Any | None:
-        """The result stored under ``key`` (the caller copies what it hands out), or None."""
+    def get(self, key: Any, timeout: float | None = None) -> Any | None:
+        """The result stored under ``key`` (the caller copies what it hands out), or None: run it.
+
+        While another thread runs the same statement on the same state, wait for its result (up
+        to ``timeout`` seconds). A caller that got None and runs the statement calls
+        :meth:`release` afterwards, whether or not it :meth:`put` a result.
+        """
         with self._lock:
             self._stats["lookups"] += 1
-            entry = self._entries.get(key)
-            if entry is None:
+            hit = self._hit(key)
+            if hit is not None:
+                return hit
+            flight = self._flights.get(key)
+            if flight is None:
+                self._flights[key] = [threading.get_ident(), None]
                 return None
-            self._entries.move_to_end(key)
-            self._stats["hits"] += 1
-            self._stats["saved_seconds"] += entry[0].elapsed
-            return entry[0]
+            if flight[1] is None:
+                flight[1] = threading.Event()
+            done = flight[1]
+        # A change, an error that is not shared or a volatile statement leaves nothing to find:
+        # the waiter then runs it itself, as it would have without waiting.
+        done.wait(timeout)
+        with self._lock:
+            return self._hit(key)
+
+    def _hit(self, key: Any) -> Any | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        self._entries.move_to_end(key)
+        self._stats["hits"] += 1
+        self._stats["saved_seconds"] += entry[0].elapsed
+        return entry[0]
+
+    def release(self, key: Any) -> None:
+        """End the calling thread's run of ``key`` (see :meth:`get`), waking whoever waits on it."""
+        with self._lock:
+            flight = self._flights.get(key)
+            if flight is None or flight[0] != threading.get_ident():
+                return
+            del self._flights[key]
+        if flight[1] is not None:
+            flight[1].set()
 
     def put(self, key: Any, result: Any, size: int) -> None:
         """Keep ``result`` (about ``size`` bytes) under ``key``, evicting what it must."""

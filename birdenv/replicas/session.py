@@ -321,7 +321,7 @@ class Session:
         key = None
         if self._state is not None and not conn.in_transaction:
             key = (self._state, sql, limit)
-            hit = self._results.get(key)  # type: ignore[union-attr]
+            hit = self._results.get(key, limit)  # type: ignore[union-attr]
             if hit is not None:
                 return dataclasses.replace(
                     hit,
@@ -334,11 +334,14 @@ class Session:
         in_transaction, changes = conn.in_transaction, conn.total_changes
         try:
             result = self._run(conn, sql, limit, start, watch)
+            if watch is not None:
+                self._track(sql, result, result.error, changes, in_transaction, key)
         except BaseException:
             self._state = None  # what it changed is unknown
             raise
-        if watch is not None:
-            self._track(sql, result, result.error, changes, in_transaction, key)
+        finally:
+            if key is not None:
+                self._results.release(key)  # type: ignore[union-attr]
         if not result.columns and result.error is None and not conn.in_transaction:
             # Every statement runs in WAL mode (as the official evaluator sets it). Checkpointing
             # into the session file and truncating the WAL after a write keeps each changed page
