@@ -164,7 +164,8 @@ def parse_tool_call(text: str) -> ToolCall:
         call = json.loads(blocks[0])
     except json.JSONDecodeError as exc:
         raise ToolCallError(
-            f"the tool call is not valid JSON: {exc.msg} at char {exc.pos}"
+            # (json's message for a control character already ends in "at")
+            f"the tool call is not valid JSON: {exc.msg.removesuffix(' at')} at char {exc.pos}"
         ) from None
     except RecursionError:
         raise ToolCallError("the tool call is not valid JSON: nested too deeply") from None

@@ -37,6 +37,10 @@ def test_round_trip_with_reasoning_around_the_call() -> None:
         ("just prose", "no tool call"),
         ("<tool_call>{}", "without </tool_call>"),
         ("<tool_call>{bad json}</tool_call>", "not valid JSON"),
+        (
+            '<tool_call>{"name": "execute_sql", "arguments": {"sql": "SELECT\n1"}}</tool_call>',
+            r"not valid JSON: Invalid control character at char 52$",
+        ),
         (format_tool_call("execute_sql", sql="1") * 2, "2 tool calls"),
         (format_tool_call("drop_db", sql="1"), "unknown tool"),
         (format_tool_call("execute_sql", sql=5), "must be a string"),
