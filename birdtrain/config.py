@@ -238,6 +238,8 @@ def _check_rl(stage: Any, name: str, sequences: int) -> None:
             f"{name}.difficulty_samples must be >= 2 to tell 0 < p < 1, got "
             f"{stage.difficulty_samples}"
         )
+    if stage.difficulty_chunk < 0:
+        raise ValueError(f"{name}.difficulty_chunk must be >= 0, got {stage.difficulty_chunk}")
 
 
 @dataclasses.dataclass
@@ -248,6 +250,12 @@ class GRPOSettings:
         None,
         "sequences per forward/backward pass; gradients accumulate over the step's generation "
         "batch (it must divide it). None: one group (num_generations)",
+    )
+    difficulty_chunk: int = _field(
+        0,
+        "training tasks per part of the pass-rate estimate (0: one part); each finished part is "
+        "kept, so an interrupted estimate samples only the parts it lacks. Each part loads the "
+        "policy again: worth it on a CPU, where an estimate takes hours",
     )
     use_vllm: bool = _field(False, "generate with vLLM (GPU machines with the vllm extra)")
     vllm_mode: str = _field(
@@ -643,6 +651,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "max_prompt_length": 2048,
             "difficulty_filter": True,
             "difficulty_samples": 4,
+            "difficulty_chunk": 8,  # ~5 CPU-minutes a part: what an interruption can lose
             "dynamic_sampling_rounds": 2,
             "save_steps": 2,
         },
@@ -659,6 +668,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "max_context": 4096,
             "difficulty_filter": True,
             "difficulty_samples": 2,  # agent episodes: the costly estimate
+            "difficulty_chunk": 8,
             "dynamic_sampling_rounds": 2,
             "save_steps": 2,
         },

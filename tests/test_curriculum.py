@@ -294,6 +294,36 @@ def test_difficulty_is_a_command_and_reused(tmp_path: Path, capsys) -> None:
     assert record_path.stat().st_mtime_ns == written
 
 
+def test_an_interrupted_difficulty_estimate_samples_only_its_missing_parts(tmp_path: Path) -> None:
+    """In parts of 3 tasks, the smoke run's 4 tasks make two parts; after an interruption only
+    the unfinished part is sampled again, and a part made for another policy is not reused."""
+    argv = ["difficulty", "--preset", "smoke", "--output-dir", str(tmp_path), "--stage", "stage4"]
+    argv += ["--model", "oracle", "stage4.difficulty_samples=2", "stage4.difficulty_chunk=3"]
+    assert main(argv) == 0
+    record_path = tmp_path / "smoke" / "difficulty" / "stage4.json"
+    record = json.loads(record_path.read_text())
+    parts = tmp_path / "smoke" / "difficulty" / "stage4" / "0"
+    assert sorted(p.name for p in parts.iterdir()) == ["0", "1"]
+    assert [len((parts / p / "verdicts.jsonl").read_text().splitlines()) for p in "01"] == [6, 2]
+
+    def stamps() -> list[int]:
+        return [(parts / p / "verdicts.jsonl").stat().st_mtime_ns for p in "01"]
+
+    before = stamps()
+    record_path.unlink()  # killed while part 1 was being sampled: it has no summary yet
+    (parts / "1" / "summary.json").unlink()
+    assert main(argv) == 0
+    after = stamps()
+    assert after[0] == before[0] and after[1] != before[1]
+    assert json.loads(record_path.read_text()) == record
+    summary = json.loads((parts / "0" / "summary.json").read_text())
+    (parts / "0" / "summary.json").write_text(json.dumps({**summary, "policy": "another"}))
+    record_path.unlink()
+    assert main(argv) == 0
+    assert stamps()[0] != after[0]
+    assert json.loads(record_path.read_text()) == record
+
+
 def test_difficulty_filter_refuses_a_stage_with_nothing_to_learn(tmp_path: Path, capsys) -> None:
     """The untrained tiny model never passes: the filtered stage stops with the counts and the
     settings to change, and trains nothing."""

@@ -8,7 +8,10 @@ agent rollouts for stage 4, both with the stage's own sampling settings), and
 :func:`select_tasks` keeps the tasks with 0 < p < 1.
 
 The estimates are written to ``RUN_DIR/difficulty/<stage>.json`` and reused when the same policy
-asks again (a resumed run does not sample twice)::
+asks again (a resumed run does not sample twice). With ``difficulty_chunk`` the tasks are sampled
+in parts of that many, each evaluated into ``RUN_DIR/difficulty/<stage>/<kind>/<part>/``; a part
+whose files show the same policy, sample count and tasks is reused, so an estimate interrupted
+after hours resumes at its first missing part::
 
     {"stage": "stage3", "model": "...", "mode": "single", "samples": 8,
      "tasks": {"task_id": {"passed": 3, "samples": 8, "p": 0.375}, ...}}
@@ -17,6 +20,7 @@ asks again (a resumed run does not sample twice)::
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -57,27 +61,36 @@ def estimate_pass_rates(
     kinds: dict[type, list[Any]] = {}
     for task in tasks:
         kinds.setdefault(type(task), []).append(task)
-    for n, group in enumerate(kinds.values()):
-        out_dir = path.parent / stage / str(n)
-        evaluate_policy(
-            str(model_path),
-            tasks=group,
-            out_dir=out_dir,
-            mode=mode,
-            n=s.difficulty_samples,
-            temperature=s.temperature,
-            max_turns=getattr(s, "max_turns", 1),
-            max_new_tokens=s.max_completion_length if mode == "single" else s.max_new_tokens,
-            label=f"difficulty-{stage}",
-            prompt=cfg.prompt.options(),
-            # An agent's rollouts end where the stage's do; a vLLM engine starts as evaluations' do.
-            **({"max_context": s.max_context} if mode == "agent" else {}),
-            engine_options=cfg.eval.engine_options(),
-        )
-        for line in (out_dir / "verdicts.jsonl").read_text().splitlines():
-            row = json.loads(line)
-            passed[row["instance_id"]] += row["status"] == "success"
     k = s.difficulty_samples
+    for n, group in enumerate(kinds.values()):
+        size = s.difficulty_chunk or len(group)
+        for part, start in enumerate(range(0, len(group), size)):
+            chunk = group[start : start + size]
+            out_dir = path.parent / stage / str(n) / str(part)
+            rows = _finished_part(out_dir, str(model_path), k, chunk)
+            if rows is None:
+                shutil.rmtree(out_dir, ignore_errors=True)  # an interrupted try's trajectories
+                evaluate_policy(
+                    str(model_path),
+                    tasks=chunk,
+                    out_dir=out_dir,
+                    mode=mode,
+                    n=k,
+                    temperature=s.temperature,
+                    max_turns=getattr(s, "max_turns", 1),
+                    max_new_tokens=s.max_completion_length
+                    if mode == "single"
+                    else s.max_new_tokens,
+                    label=f"difficulty-{stage}",
+                    prompt=cfg.prompt.options(),
+                    # An agent's rollouts end where the stage's do; a vLLM engine starts as
+                    # evaluations' do.
+                    **({"max_context": s.max_context} if mode == "agent" else {}),
+                    engine_options=cfg.eval.engine_options(),
+                )
+                rows = _verdicts(out_dir)
+            for row in rows:
+                passed[row["instance_id"]] += row["status"] == "success"
     record = {
         "stage": stage,
         "model": str(model_path),
@@ -88,6 +101,26 @@ def estimate_pass_rates(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2))
     return record
+
+
+def _verdicts(out_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out_dir / "verdicts.jsonl").read_text().splitlines()]
+
+
+def _finished_part(
+    out_dir: Path, model: str, samples: int, tasks: Sequence[Any]
+) -> list[dict[str, Any]] | None:
+    """The verdicts of a part evaluated earlier for the same policy, sample count and tasks, or
+    None when it must be sampled (never finished, or made for something else)."""
+    summary_path = out_dir / "summary.json"
+    if not summary_path.is_file():  # written last: its presence marks a finished part
+        return None
+    summary = json.loads(summary_path.read_text())
+    if summary.get("policy") != model or summary.get("samples") != samples:
+        return None
+    rows = _verdicts(out_dir)
+    expected = sorted(t.instance_id for t in tasks for _ in range(samples))
+    return rows if sorted(r["instance_id"] for r in rows) == expected else None
 
 
 def select_tasks(
