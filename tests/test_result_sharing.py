@@ -513,8 +513,10 @@ def test_a_waiter_runs_the_statement_itself_when_the_first_run_shares_nothing() 
     waiter.join(5)
     assert got == [None, stored]
     assert cache.stats()["hits"] == 1
-    # a waiter gives up after its timeout (the statement's own limit) and runs it itself
+    # the thread running "k3" asking again (for another session) does not wait on itself
     assert cache.get("k3") is None
+    assert cache.get("k3", timeout=30) is None
+    # a waiter gives up after its timeout (the statement's own limit) and runs it itself
     box: list[object] = []
     waiter = threading.Thread(target=lambda: box.append(cache.get("k3", timeout=0.05)))
     waiter.start()

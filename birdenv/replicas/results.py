@@ -315,6 +315,8 @@ class ResultCache:
             if flight is None:
                 self._flights[key] = [threading.get_ident(), None]
                 return None
+            if flight[0] == threading.get_ident():
+                return None  # this thread is running it already (for another session): no wait
             if flight[1] is None:
                 flight[1] = threading.Event()
             done = flight[1]
