@@ -147,6 +147,11 @@ class DataConfig:
     bird_db_root: str | None = _field(
         None, "database folder ({db_id}/{db_id}.sqlite) when bird_eval_suite is a file"
     )
+    thought_rows: int = _field(
+        3,
+        "result rows an offline stage-1 thought quotes per statement (0: only their count and "
+        "columns); the single-turn policy never sees them run, so it can only learn to guess them",
+    )
 
     def __post_init__(self) -> None:
         from birdtrain.data.mixture import parse_mixture
@@ -155,6 +160,8 @@ class DataConfig:
         for key in ("mixture_holdout", "mixture_grid", "mixture_proxy_steps"):
             if getattr(self, key) < 1:
                 raise ValueError(f"data.{key} must be at least 1, got {getattr(self, key)}")
+        if self.thought_rows < 0:
+            raise ValueError(f"data.thought_rows must be 0 or more, got {self.thought_rows}")
 
 
 _SAVE_STEPS_HELP = (
@@ -597,10 +604,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # A learning run sized for a 2-core CPU (benchmarks/README.md §15). Linked schemas without
     # sample rows cut SmolLM2's median critic-mini agent prompt from 3,235 to 1,439 tokens (see
-    # "Prompt sizes"), which is what makes CPU epochs affordable. 64 training tasks drawn (seeded) from
-    # every database of gym-mini; the fit evaluation is on the first 24 of them, the held-out one
-    # on all 69 critic-mini tasks, in agent and single-turn mode. The RL stages train only on
+    # "Prompt sizes"), which is what makes CPU epochs affordable. 32 training tasks drawn (seeded)
+    # from every database of gym-mini; the fit evaluation is on the first 24 of them, the held-out
+    # one on all 69 critic-mini tasks, in agent and single-turn mode. The RL stages train only on
     # tasks the policy solves sometimes (difficulty filter) and resample groups without variance.
+    # Every generation limit holds the answers and turns the SFT stages teach (a longer one is
+    # cut off every time; `sft.targets_over_budget` warns of it): the first run of this preset
+    # taught 28 of 64 answers longer than its 320-token limit.
     "smollm-learn": {
         "name": "smollm-learn",
         "model": {
@@ -610,20 +620,22 @@ PRESETS: dict[str, dict[str, Any]] = {
             "gradient_checkpointing": False,  # no recompute: one forward pass fewer a step
         },
         "prompt": {"schema": "linked", "sample_rows": False},
-        "data": {"mixture": {"gym-mini": 1.0}, "max_train_tasks": 64},
+        # Thoughts quote no result rows: the single-turn policy never sees the SQL run, so rows
+        # are numbers it can only guess (~30 % of an answer's tokens in the first run), not reasoning.
+        "data": {"mixture": {"gym-mini": 1.0}, "max_train_tasks": 32, "thought_rows": 0},
         "stage1": {
-            "epochs": 3,
-            "learning_rate": 1e-4,
+            # Five passes over 32 tasks (20 steps of 8): the first run's three passes over 64 at
+            # 1e-4 ended at 0.89 token accuracy and fitted 2 of 24 of its own tasks.
+            "epochs": 5,
+            "learning_rate": 2e-4,
             "batch_size": 8,
             "per_device_batch_size": 2,
             "max_length": 2048,
             "warmup_ratio": 0.05,
-            "save_steps": 6,
+            "save_steps": 4,
         },
         "stage2": {
-            # One epoch (8 steps of ~5 CPU-minutes): stage 1 already taught the answer format, and
-            # three epochs of 153k tokens would take ~2.5 h of a 4 h budget.
-            "epochs": 1,
+            "epochs": 2,
             "learning_rate": 1e-4,
             "batch_size": 8,
             # One trajectory per forward pass: two of up to 3k tokens held ~17 GB of activations
@@ -632,9 +644,9 @@ PRESETS: dict[str, dict[str, Any]] = {
             "max_length": 3072,
             "warmup_ratio": 0.05,
             # One example per trajectory, loss on its three turns: the same tokens as "each" for
-            # 2.3x fewer (each turn's context is read once), 153k tokens an epoch.
+            # 2.3x fewer (each turn's context is read once).
             "turns": "whole",
-            "save_steps": 6,
+            "save_steps": 4,
         },
         # The RL stages' cost is the backward pass over every sampled sequence, prompt included
         # (~1.2k tokens in stage 3, ~2.3k over a stage-4 rollout's turns): 16 sequences a step
@@ -647,7 +659,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "learning_rate": 2e-5,
             "beta": 0.0,
             "temperature": 1.0,
-            "max_completion_length": 320,
+            "max_completion_length": 512,
             "max_prompt_length": 2048,
             "difficulty_filter": True,
             "difficulty_samples": 4,
@@ -660,7 +672,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "num_generations": 8,
             "tasks_per_step": 2,
             "max_turns": 3,
-            "max_new_tokens": 192,
+            "max_new_tokens": 448,
             "learning_rate": 2e-5,
             "beta": 0.0,
             "temperature": 1.0,
@@ -674,7 +686,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "eval": {
             "max_turns": 3,
-            "max_new_tokens": 320,
+            "max_new_tokens": 512,
             "modes": ["agent", "single"],
             "train_tasks": 24,
         },

@@ -354,6 +354,53 @@ def test_stage1_labels_only_the_completion(shop: list[Task], tiny: str, tmp_path
     assert lean.args.gradient_checkpointing is False
 
 
+def test_sft_warns_of_targets_longer_than_the_later_generation_limit(
+    shop: list[Task], episodes: dict, tiny: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An answer or turn longer than what stage 3/4 and evaluation may generate is cut there
+    every time: building the SFT trainer says how many, against which limits."""
+    from birdtrain.stages import sft
+
+    def warnings(stage: int, examples: list, **limits: Any) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="birdtrain.stages.sft"):
+            sft.build_trainer(
+                _cfg(**limits), model_path=tiny, out_dir=tmp_path, examples=examples, stage=stage
+            )
+        return [r.getMessage() for r in caplog.records if "longer than" in r.getMessage()]
+
+    answers, n = _gold_answers(shop), len(shop)
+    roomy = {"stage3.max_completion_length": 512, "eval.max_new_tokens": 512}
+    assert warnings(1, answers, **roomy) == []
+    (said,) = warnings(
+        1,
+        answers,
+        **{
+            "stage3.max_completion_length": 8,
+            "eval.max_new_tokens": 200,
+            "eval.modes": "[agent,single]",
+        },
+    )
+    assert said.startswith(f"stage 1: {n} of {n} trained answers are longer than the 8 tokens")
+    assert "stage3.max_completion_length=8, eval.max_new_tokens=200" in said
+    assert "data.thought_rows" in said
+    # A disabled stage and an evaluation without single-turn mode set no limit.
+    assert (
+        warnings(
+            1,
+            answers,
+            **{"stage3.max_completion_length": 8, "stage3.enabled": False, "eval.modes": "[agent]"},
+        )
+        == []
+    )
+    # Stage 2: every assistant turn is a span of its own, held against stage 4's limit.
+    trajectory = episodes["shop_1"]
+    turns = sum(m["role"] == "assistant" for m in trajectory["messages"])
+    (said,) = warnings(2, [trajectory], **{"stage2.turns": "whole", "stage4.max_new_tokens": 4})
+    assert said.startswith(f"stage 2: {turns} of {turns} trained assistant turns are longer")
+    assert "stage4.max_new_tokens=4" in said
+
+
 # -- (b) stage 2 teaches the tiny model to call tools, on prompts it never saw ------------------
 def _rollout_first_turns(model_path: str, task_ids: list[str]) -> list[str]:
     """Greedy first assistant turn on each critic-mini task, through the stage-4 rollout path.

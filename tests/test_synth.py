@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import socket
 from pathlib import Path
 
@@ -112,6 +113,36 @@ def test_thoughts_come_from_real_evidence(stage1):
     assert "`'Cancelled'` should be `'cancelled'`" in thoughts["retail_orders_026"]
     # The trigger falls back to a word diff quoted from the original text.
     assert "WHEN OLD.list_id <> NEW.list_id" in thoughts["movie_platform_023"]
+
+
+def test_thought_rows_sets_how_many_result_rows_a_thought_quotes(tmp_path: Path):
+    """``data.thought_rows=0``: the single-turn policy never sees the SQL run, so its thoughts
+    keep each result's row count and columns but quote no rows; the solutions are the same."""
+    from birdtrain.config import load_config
+
+    by_rows = {}
+    for rows in (3, 0):
+        cfg = load_config(
+            "smoke", overrides=["data.max_train_tasks=4", f"data.thought_rows={rows}"]
+        )
+        synth(cfg, tmp_path / str(rows))
+        lines = (tmp_path / str(rows) / "stage1.jsonl").read_text().splitlines()
+        by_rows[rows] = {
+            r["task_id"]: r["completion"][0]["content"] for r in map(json.loads, lines)
+        }
+    assert by_rows[3].keys() == by_rows[0].keys() and len(by_rows[0]) == 4
+    assert any("; the first: (" in t or "; namely: (" in t for t in by_rows[3].values())
+    for task_id, thought in by_rows[0].items():
+        assert "; the first: " not in thought and "; namely: " not in thought, thought
+        assert parse_solution(thought) == parse_solution(by_rows[3][task_id])
+        assert len(thought) <= len(by_rows[3][task_id])
+    # A BIRD question's offline thought follows the same setting.
+    (question,) = load_bird("bird-mini-train")[:1]
+    (short,) = build_bird_reasoning_examples([question], thought_rows=0)
+    said = short["completion"][0]["content"]
+    assert re.search(r"returns \d+\+? rows? \(columns", said) and "; the first: " not in said
+    with pytest.raises(ValueError, match="thought_rows"):
+        load_config("smoke", overrides=["data.thought_rows=-1"])
 
 
 def test_a_solution_the_judge_rejects_is_dropped(tasks):

@@ -110,8 +110,11 @@ def synth(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
     stage1_stats: dict[str, int] = {}
     stage2_stats: dict[str, int] = {}
     prompt = cfg.prompt.options()
+    rows = cfg.data.thought_rows
     stage1 = (
-        build_reasoning_examples(critic, teacher=teacher, stats=stage1_stats, prompt=prompt)
+        build_reasoning_examples(
+            critic, teacher=teacher, stats=stage1_stats, prompt=prompt, thought_rows=rows
+        )
         if critic
         else []
     )
@@ -130,7 +133,9 @@ def synth(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
     if bird:
         bird1: dict[str, int] = {}
         bird2: dict[str, int] = {}
-        stage1 += build_bird_reasoning_examples(bird, teacher=teacher, stats=bird1, prompt=prompt)
+        stage1 += build_bird_reasoning_examples(
+            bird, teacher=teacher, stats=bird1, prompt=prompt, thought_rows=rows
+        )
         stage2 += build_bird_tool_trajectories(
             bird, teacher=teacher, max_turns=cfg.stage4.max_turns, stats=bird2, prompt=prompt
         )

@@ -124,8 +124,10 @@ def gather_bird_evidence(task: BirdTask, pool: ReplicaPool) -> BirdEvidence:
     return BirdEvidence(_tables_touched([task.SQL], existing), _shape(task.SQL), run)
 
 
-def offline_bird_thought(task: BirdTask, evidence: BirdEvidence) -> str:
-    """A derivation of the query told as a discovery, from the evidence only (no teacher)."""
+def offline_bird_thought(task: BirdTask, evidence: BirdEvidence, *, rows: int = 3) -> str:
+    """A derivation of the query told as a discovery, from the evidence only (no teacher).
+
+    ``rows``: result rows it quotes (0: only their count and columns)."""
     parts = [f"The question asks: {task.question.strip()}"]
     if task.evidence.strip():
         parts.append(f"The external knowledge says: {task.evidence.strip()}")
@@ -134,7 +136,7 @@ def offline_bird_thought(task: BirdTask, evidence: BirdEvidence) -> str:
         parts.append(f"The answer lives in the {noun} {', '.join(evidence.tables)}.")
     if evidence.shape:
         parts.append(f"So the query needs {', '.join(evidence.shape)}.")
-    run = summarize_run(evidence.run)
+    run = summarize_run(evidence.run, rows=rows)
     parts.append(f"Checking it against the database, {run}.")
     return " ".join(p if p.endswith((".", "?", "!")) else p + "." for p in parts)
 
@@ -165,11 +167,13 @@ def build_bird_reasoning_examples(
     teacher_params: dict[str, Any] | None = None,
     stats: dict[str, int] | None = None,
     prompt: Any = None,
+    thought_rows: int = 3,
 ) -> list[dict[str, Any]]:
     """Stage-1 examples for BIRD questions; only those execution accuracy accepts are kept.
 
     ``stats``, when given, is filled with ``tasks``, ``kept``, ``failed_judge``, ``empty_thought``.
     ``prompt``: how the prompts show the database (the run's one prompt setting).
+    ``thought_rows``: result rows an offline thought quotes (0: only their count and columns).
     """
     from birdtrain.data.reasoning import _clean_teacher_thought
     from birdtrain.prompts import format_answer, parse_solution, single_turn_prompt
@@ -185,7 +189,7 @@ def build_bird_reasoning_examples(
             reply = teacher.chat(_teacher_messages(task, evidence), **(teacher_params or {}))
             thought = _clean_teacher_thought(reply)
         else:
-            thought = offline_bird_thought(task, evidence)
+            thought = offline_bird_thought(task, evidence, rows=thought_rows)
         if not thought:
             counts["empty_thought"] += 1
             continue

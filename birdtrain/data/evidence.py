@@ -264,8 +264,12 @@ def _value(value: Any) -> str:
 def summarize_run(run: StatementRun, *, rows: int = 3) -> str:
     """One sentence on what a statement did: its error, its rows or the rows it changed.
 
+    ``rows``: how many of its result rows to quote (0: only their count and columns).
+
     >>> summarize_run(StatementRun("SELECT 1", columns=["a"], rows=[(1,), (2,)], row_count=2))
     'it returns 2 rows (columns a); namely: (1), (2)'
+    >>> summarize_run(StatementRun("SELECT 1", columns=["a"], rows=[(1,), (2,)], row_count=2), rows=0)
+    'it returns 2 rows (columns a)'
     >>> summarize_run(StatementRun("UPDATE t SET a = 1", changed=0))
     'it runs but changes 0 rows'
     """
@@ -278,10 +282,13 @@ def summarize_run(run: StatementRun, *, rows: int = 3) -> str:
     if not run.rows:
         return f"it returns no rows at all (columns {', '.join(run.columns)})"
     count = f"{run.row_count}{'+' if run.truncated else ''}"
-    shown = ", ".join("(" + ", ".join(_value(v) for v in row) + ")" for row in run.rows[:rows])
     plural = "s" if run.row_count != 1 else ""
+    said = f"it returns {count} row{plural} (columns {', '.join(run.columns)})"
+    if rows <= 0:
+        return said
+    shown = ", ".join("(" + ", ".join(_value(v) for v in row) + ")" for row in run.rows[:rows])
     which = "the first" if run.row_count > rows else "namely"
-    return f"it returns {count} row{plural} (columns {', '.join(run.columns)}); {which}: {shown}"
+    return f"{said}; {which}: {shown}"
 
 
 def gather_evidence(task: Task, pool: ReplicaPool) -> Evidence:

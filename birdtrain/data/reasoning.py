@@ -56,24 +56,25 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + ("" if text.endswith((".", "!", "?")) else ".")
 
 
-def offline_thought(task: Task, evidence: Evidence) -> str:
+def offline_thought(task: Task, evidence: Evidence, *, rows: int = 3) -> str:
     """A diagnosis told as a discovery, from the evidence only (no teacher).
 
     It reproduces the problem (the problematic SQL's real error, rows or changed rows), names
     the clauses and functions that must change, and checks the corrected SQL's real result.
+    ``rows``: result rows quoted per statement (0: only their count and columns).
     """
     parts: list[str] = []
     runs = evidence.issue_runs
     if len(task.issue_sql) == 1 and runs:
         parts.append(
             "Let me first work out what the problematic SQL does on this database: "
-            + summarize_run(runs[0])
+            + summarize_run(runs[0], rows=rows)
             + "."
         )
     else:
         parts.append("Let me first work out what each problematic statement does.")
         for i, run in enumerate(runs, 1):
-            parts.append(_sentence(f"statement {i}: {summarize_run(run)}"))
+            parts.append(_sentence(f"statement {i}: {summarize_run(run, rows=rows)}"))
         if len(runs) < len(task.issue_sql):
             parts.append("The statements after the failing one never run.")
     if evidence.changes:
@@ -91,7 +92,7 @@ def offline_thought(task: Task, evidence: Evidence) -> str:
         parts.append(f"It no longer needs {', '.join(evidence.functions_removed)}.")
     fixed = evidence.fix_runs
     if fixed:
-        last = summarize_run(fixed[-1])
+        last = summarize_run(fixed[-1], rows=rows)
         if fixed[-1].error is None:
             parts.append(_sentence(f"with those changes, {last}"))
             before = runs[-1] if runs else None
@@ -173,10 +174,13 @@ def build_reasoning_examples(
     stats: dict[str, int] | None = None,
     progress: bool = True,
     prompt: PromptOptions | None = None,
+    thought_rows: int = 3,
 ) -> list[dict[str, Any]]:
     """Stage-1 examples for ``tasks``: evidence-based thoughts, solutions the judge accepts.
 
     ``prompt``: how the prompts show the database (the run's one prompt setting).
+    ``thought_rows``: result rows an offline thought quotes per statement (0: only their count
+    and columns).
 
     ``teacher`` writes the thoughts when given (a :class:`TeacherError` propagates: a configured
     teacher that does not answer is an error, not a silent fallback); ``processes`` judges in
@@ -212,7 +216,7 @@ def build_reasoning_examples(
             reply = teacher.chat(teacher_messages(task, evidence), **(teacher_params or {}))
             thought = _clean_teacher_thought(reply)
         else:
-            thought = offline_thought(task, evidence)
+            thought = offline_thought(task, evidence, rows=thought_rows)
         if not thought:
             counts["empty_thought"] += 1
             continue

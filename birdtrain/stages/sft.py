@@ -38,7 +38,14 @@ from birdtrain.stages import (
     trainer_device_args,
 )
 
-__all__ = ["build_dataset", "build_trainer", "run", "trainer_arguments"]
+__all__ = [
+    "build_dataset",
+    "build_trainer",
+    "generation_budgets",
+    "run",
+    "targets_over_budget",
+    "trainer_arguments",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +175,63 @@ def build_trainer(cfg: Any, *, model_path: str, out_dir: Path, examples: Any, st
             len(dataset),
             stage_cfg.max_length,
         )
+    too_long = targets_over_budget(cfg, stage, trainer.train_dataset)
+    if too_long:
+        logger.warning("%s", too_long)
     return trainer
+
+
+def generation_budgets(cfg: Any, stage: int) -> dict[str, int]:
+    """The token limits under which the policy later generates what SFT stage ``stage`` teaches.
+
+    Stage 1 teaches single-turn answers (stage 3 and single-turn evaluation generate them),
+    stage 2 agent turns (stage 4 and agent-mode evaluation), each only where enabled.
+    """
+    budgets = {}
+    rl = cfg.stage3 if stage == 1 else cfg.stage4
+    if rl.enabled:
+        key = "stage3.max_completion_length" if stage == 1 else "stage4.max_new_tokens"
+        budgets[key] = rl.max_completion_length if stage == 1 else rl.max_new_tokens
+    if cfg.eval.enabled and ("single" if stage == 1 else "agent") in cfg.eval.modes:
+        budgets["eval.max_new_tokens"] = cfg.eval.max_new_tokens
+    return budgets
+
+
+def _trained_spans(row: dict[str, Any]) -> list[int]:
+    """The lengths of a tokenized example's trained spans (a completion, or each assistant turn)."""
+    spans, run = [], 0
+    for label in [*row["labels"], -100]:
+        if label != -100:
+            run += 1
+        elif run:
+            spans.append(run)
+            run = 0
+    return spans
+
+
+def targets_over_budget(cfg: Any, stage: int, tokenized: Any) -> str | None:
+    """Why SFT stage ``stage`` teaches answers the policy may not finish later, or None.
+
+    ``tokenized`` is the trainer's tokenized data set. A trained span (a stage-1 answer, a stage-2
+    turn) longer than a later generation limit is cut there every time: the policy can never
+    produce it whole, and a cut answer or tool call scores 0.
+    """
+    budgets = generation_budgets(cfg, stage)
+    if not budgets:
+        return None
+    limit = min(budgets.values())
+    spans = [n for row in tokenized for n in _trained_spans(row)]
+    over = [n for n in spans if n > limit]
+    if not over:
+        return None
+    what = "answers" if stage == 1 else "assistant turns"
+    limits = ", ".join(f"{k}={v}" for k, v in budgets.items())
+    return (
+        f"stage {stage}: {len(over)} of {len(spans)} trained {what} are longer than the "
+        f"{limit} tokens the policy may generate for them later ({limits}); the longest is "
+        f"{max(over)} tokens. Those are cut off every time: raise the limits"
+        + (" or shorten the thoughts (data.thought_rows)" if stage == 1 else "")
+    )
 
 
 def run(
