@@ -28,7 +28,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n auto --dist loadscope
+	$(PY) -m pytest -q
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ""
