@@ -16,7 +16,6 @@ import pytest
 
 # Ray tests run inside a private network namespace: hooks and the cluster fixture live there.
 from private_network import (  # noqa: F401
-    pytest_collection_modifyitems,
     pytest_runtest_makereport,
     pytest_runtest_protocol,
     ray_cluster,

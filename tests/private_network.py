@@ -136,18 +136,6 @@ def _failed(item: pytest.Item, why: str) -> pytest.TestReport:
     return pytest.TestReport(item.nodeid, item.location, {}, "failed", why, "call")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup``: every marked test on one worker, so one
-    child runs them all there; every other test with the rest of its module, so a module-scoped
-    fixture (a whole curriculum run, a trained model) is built once, not once per worker."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        marked = item.get_closest_marker("private_network") is not None
-        group = "private_network" if marked else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
     """Report a marked test from the child's run instead of running it here."""
