@@ -28,7 +28,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ""

@@ -3,7 +3,9 @@
 Ray listens on the machine's interface address even when told ``127.0.0.1``, and test traffic
 may only go to loopback. So the first marked test of a session starts one child pytest for all of
 them under ``unshare -n`` (only ``lo``, brought up), and each marked test reports the outcome the
-child recorded for it, failures with their tracebacks. Where no namespace can be made (no
+child recorded for it, failures with their tracebacks. Under pytest-xdist (``make test`` runs
+``-n auto --dist loadscope``, which keeps each module on one worker) a child runs one module's
+marked tests, on the worker that has that module. Where no namespace can be made (no
 ``unshare``/``ip``, or not permitted) and where Ray is not installed, they are skipped with the
 reason. The session-wide ``ray_cluster`` fixture is a two-node cluster on 127.0.0.1 (one CPU per
 node); the second node has a ``BIRDENV_HOME`` of its own, so it shares no files with the driver.
@@ -55,10 +57,18 @@ def _unshare_command() -> tuple[list[str] | None, str]:
     return None, f"cannot create a private network namespace with unshare: {why}"
 
 
-def _run_children(session: pytest.Session) -> dict[str, list[Any]]:
-    """Run every marked test of the session in one child pytest; its reports by node id."""
+def _scope(item: pytest.Item) -> str:
+    """Which marked tests share a child: all of a session's, or under pytest-xdist (whose
+    ``--dist loadscope`` keeps a module on one worker) those of the item's module."""
+    return item.nodeid.split("::")[0] if os.environ.get("PYTEST_XDIST_WORKER") else ""
+
+
+def _run_children(session: pytest.Session, scope: str) -> dict[str, list[Any]]:
+    """Run the marked tests of ``scope`` in one child pytest; its reports by node id."""
     config = session.config
-    items = [i for i in session.items if i.get_closest_marker("private_network")]
+    items = [
+        i for i in session.items if i.get_closest_marker("private_network") and _scope(i) == scope
+    ]
     prefix, why = _unshare_command()
     if prefix is None:
         return {i.nodeid: [_skipped(i, why)] for i in items}
@@ -141,11 +151,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """Report a marked test from the child's run instead of running it here."""
     if os.environ.get(INSIDE) or item.get_closest_marker("private_network") is None:
         return None
-    stash = item.session.stash
-    if _RESULTS not in stash:
-        stash[_RESULTS] = _run_children(item.session)
+    results = item.session.stash.setdefault(_RESULTS, {})
+    if item.nodeid not in results:
+        results.update(_run_children(item.session, _scope(item)))
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-    for report in stash[_RESULTS][item.nodeid]:
+    for report in results[item.nodeid]:
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     # Nothing of this item was set up here; leave the fixture stack as the next item needs it.
