@@ -297,20 +297,26 @@ def _evaluate(cfg: Any, model_path: str, run_dir: Path, label: str) -> dict[str,
     kind = type(held_out[0])
     fit = [t for t in _tasks(cfg, "train") if type(t) is kind][: cfg.eval.train_tasks]
     fit = list({t.instance_id: t for t in fit}.values())  # a mixture may draw a task twice
+    suffixes = ["" if i == 0 else f"-{mode}" for i, mode in enumerate(cfg.eval.modes)]
+    # The training tasks first: fewer, so an evaluation interrupted on a slow machine (each
+    # part resumes whole) has the fit figures before the long held-out runs.
+    fits = {
+        f"train{suffix}": _evaluate_on(
+            cfg, model_path, run_dir, label, fit, f"{label}-train{suffix}", "training", mode
+        )
+        for suffix, mode in zip(suffixes, cfg.eval.modes, strict=True)
+        if fit
+    }
     summary: dict[str, Any] = {}
-    for i, mode in enumerate(cfg.eval.modes):
-        suffix = "" if i == 0 else f"-{mode}"
+    for suffix, mode in zip(suffixes, cfg.eval.modes, strict=True):
         result = _evaluate_on(
             cfg, model_path, run_dir, label, held_out, label + suffix, cfg.data.eval_suite, mode
         )
-        if i == 0:
-            summary = dict(result)
-        else:
+        if suffix:
             summary[mode] = result
-        if fit:
-            summary[f"train{suffix}"] = _evaluate_on(
-                cfg, model_path, run_dir, label, fit, f"{label}-train{suffix}", "training", mode
-            )
+        else:
+            summary = dict(result)
+    summary.update(fits)
     bird = _tasks(cfg, "bird_eval")
     if bird:
         # Generation beside debugging: execution accuracy on BIRD questions, same policy and turns.

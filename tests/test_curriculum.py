@@ -275,6 +275,18 @@ def test_eval_modes_and_training_tasks_each_get_a_folder(tmp_path: Path) -> None
         ("agent", "train", 2),
         ("single", "train", 2),
     ]
+    # The fit evaluations run first: an interrupted evaluation has the cheap figures.
+    finished = sorted(folders, key=lambda f: (run / "eval" / f / "summary.json").stat().st_mtime_ns)
+    assert finished == ["before-train", "before-train-single", "before", "before-single"]
+    before = json.loads((run / "summary.json").read_text())["before"]
+    assert (before["mode"], before["split"]) == ("agent", "heldout")
+    assert [
+        (before[k]["mode"], before[k]["split"]) for k in ("single", "train", "train-single")
+    ] == [
+        ("single", "heldout"),
+        ("agent", "train"),
+        ("single", "train"),
+    ]
     html = (run / "report" / "report.html").read_text()
     assert html.count("<code>0.0 [0.0, 65.8]</code>") == 4  # 0 of 2, with its interval
 
