@@ -530,7 +530,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "num_generations": 2,
             "prompts_per_step": 2,
             "learning_rate": 1e-5,
-            "max_completion_length": 32,
+            # Room for the answers stage 1 teaches (the longest of the 4 is ~300 tokens).
+            "max_completion_length": 320,
             "max_prompt_length": 4096,
         },
         # Four turns: the expert's episodes open with the same schema query on every task, the
