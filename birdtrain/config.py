@@ -636,6 +636,8 @@ PRESETS: dict[str, dict[str, Any]] = {
             "save_steps": 4,
         },
         "stage2": {
+            # Two passes over 32 (8 steps of ~5 CPU-minutes): after run 1's one pass over 64, a
+            # third of its agent turns were malformed tool calls.
             "epochs": 2,
             "learning_rate": 1e-4,
             "batch_size": 8,
