@@ -19,7 +19,7 @@ from birdtrain import require
 from birdtrain.config import STAGES
 from birdtrain.trajectory_store import TrajectoryStore
 
-__all__ = ["evaluations_table", "metrics_side_by_side", "write_report"]
+__all__ = ["evaluations_table", "metrics_side_by_side", "reward_trend_table", "write_report"]
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #222; }
@@ -186,6 +186,37 @@ def evaluations_table(summaries: dict[str, dict[str, Any]]) -> list[list[Any]]:
     return sorted(rows, key=lambda r: (order.get(r[0], 3), r[0], r[2], r[1], r[3]))
 
 
+def reward_trend_table(metrics: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
+    """One row per RL stage with logged steps: the first-round reward of its first and last
+    thirds of steps, their difference with a 95 % interval, and whether it rose beyond the noise
+    (:func:`birdtrain.stats.reward_trend`)."""
+    from birdtrain.stats import reward_trend
+
+    rows = []
+    for stage in ("stage3", "stage4"):
+        steps = [
+            (m["sampling/reward_before"], m["sampling/reward_before_sq"], int(m["sampling/groups"]))
+            for m in metrics.get(stage, [])
+            if "sampling/reward_before" in m
+        ]
+        trend = reward_trend(steps)
+        if trend is None:
+            continue
+        low, high = trend["ci95"]
+        verdict = "rose" if low > 0 else "fell" if high < 0 else "within noise"
+        rows.append(
+            [
+                stage,
+                len(steps),
+                f"{trend['first']:.3f}",
+                f"{trend['last']:.3f}",
+                f"{trend['difference']:+.3f} [{low:+.3f}, {high:+.3f}]",
+                verdict,
+            ]
+        )
+    return rows
+
+
 def _img(path: Path | str | None) -> str:
     if path is None:
         return ""
@@ -334,6 +365,13 @@ def write_report(run_dir: str | Path) -> Path:
 <h2>Training</h2><div class="grid">{_img(figures["loss"])}{_img(figures["lr"])}{
         _img(figures["reward"])
     }{_img(figures["pass_rate"])}{_img(figures["zero_std"])}</div>
+<p>Reward of each step's own draw of tasks (before dynamic sampling drops groups), last third of
+the steps against the first; the interval is over task groups.</p>{
+        _table(
+            ["stage", "steps", "first third", "last third", "difference [95 % CI]", "trend"],
+            reward_trend_table(metrics),
+        )
+    }
 <h2>Trajectories</h2><div class="grid">{_img(figures["tools"])}{_img(figures["turns"])}</div>
 <h2>Slowest SQL statements</h2>{_table(["seconds", "task", "sql"], [list(r) for r in slowest])}
 <h2>Most common SQLite errors</h2>{_table(["error", "count"], [list(r) for r in errors])}

@@ -19,6 +19,8 @@ The batch keeps its size: when the rounds run out, the first zero-variance group
 ['b', 'c']
 >>> stats.zero_std_before, stats.zero_std_after, stats.resampled_groups >= 1
 (0.5, 0.0, True)
+>>> stats.reward_before, stats.reward_before_sq  # groups a, b: means 0.0 and 0.5
+(0.25, 0.125)
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ class Group:
         scored = [r for r in self.rewards if r is not None]
         return len(scored) < 2 or max(scored) - min(scored) < 1e-9
 
+    @property
+    def mean_reward(self) -> float | None:
+        """The mean of the scored rewards (``None`` when none was scored)."""
+        scored = [r for r in self.rewards if r is not None]
+        return sum(scored) / len(scored) if scored else None
+
 
 @dataclasses.dataclass
 class SamplingStats:
@@ -54,6 +62,12 @@ class SamplingStats:
     ``zero_std_after``: the same fraction in the batch handed to the trainer;
     ``resampled_groups``: replacement groups rolled out; ``rollouts``: rollouts generated in all
     rounds; ``rounds``: extra rounds used.
+
+    ``reward_before`` is the mean over the first round's groups of each group's mean reward, and
+    ``reward_before_sq`` the mean of their squares. The first round is the step's own draw, before
+    any group is dropped, so its reward measures the policy (the trained batch over-represents
+    tasks it solves sometimes); the squares give the spread between groups, the noise a reward
+    trend is judged against (:func:`birdtrain.stats.reward_trend`).
     """
 
     groups: int
@@ -62,6 +76,8 @@ class SamplingStats:
     resampled_groups: int
     rollouts: int
     rounds: int
+    reward_before: float = 0.0
+    reward_before_sq: float = 0.0
 
     def metrics(self, prefix: str) -> dict[str, float]:
         """The figures as ``metrics.jsonl`` names (``{prefix}/frac_reward_zero_std_before`` ...)."""
@@ -70,6 +86,9 @@ class SamplingStats:
             f"{prefix}/frac_reward_zero_std_after": self.zero_std_after,
             f"{prefix}/resampled_groups": float(self.resampled_groups),
             f"{prefix}/rollouts": float(self.rollouts),
+            f"{prefix}/groups": float(self.groups),
+            f"{prefix}/reward_before": self.reward_before,
+            f"{prefix}/reward_before_sq": self.reward_before_sq,
         }
 
 
@@ -116,6 +135,7 @@ def dynamic_sample(
         kept += [g for g in groups if not g.zero_std]
         spare += [g for g in groups if g.zero_std]
     batch = kept[:wanted] + spare[: max(wanted - len(kept), 0)]
+    means = [m for m in (g.mean_reward for g in first) if m is not None]
     stats = SamplingStats(
         groups=wanted,
         zero_std_before=sum(g.zero_std for g in first) / max(len(first), 1),
@@ -123,5 +143,7 @@ def dynamic_sample(
         resampled_groups=resampled,
         rollouts=rollouts,
         rounds=rounds,
+        reward_before=sum(means) / len(means) if means else 0.0,
+        reward_before_sq=sum(m * m for m in means) / len(means) if means else 0.0,
     )
     return batch, stats

@@ -1,5 +1,5 @@
-"""Evaluation statistics: unbiased pass@k, and intervals for rates measured on few tasks (an SR of
-3/24 means little without one).
+"""Evaluation statistics: unbiased pass@k, intervals for rates measured on few tasks (an SR of
+3/24 means little without one), and whether an RL stage's reward rose beyond its noise.
 
 >>> lo, hi = wilson_interval(3, 24)
 >>> round(lo, 3), round(hi, 3)
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["pass_at_k", "wilson_interval"]
+__all__ = ["pass_at_k", "reward_trend", "wilson_interval"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -48,3 +48,46 @@ def wilson_interval(successes: int | float, n: int, z: float = 1.96) -> tuple[fl
     low = 0.0 if successes <= 0 else max(0.0, centre - margin)
     high = 1.0 if successes >= n else min(1.0, centre + margin)
     return low, high
+
+
+def reward_trend(
+    steps: list[tuple[float, float, int]], z: float = 1.96
+) -> dict[str, float | int | list[float]] | None:
+    """The mean reward of the last third of an RL stage's steps against the first third.
+
+    Each step is ``(mean, mean_of_squares, groups)`` over its groups' mean rewards (the
+    ``sampling/reward_before``, ``sampling/reward_before_sq`` and ``sampling/groups`` figures of
+    ``metrics.jsonl``). The unit is a group (one task's rollouts), so the noise is the spread
+    between groups, which is what differs most from one step's draw of tasks to the next. The
+    interval on the difference is Welch's, with the normal quantile ``z`` (95 % by default).
+    ``None`` with fewer than two steps.
+
+    >>> t = reward_trend([(0.25, 0.125, 2), (0.0, 0.0, 2), (0.5, 0.5, 2)])
+    >>> t["first"], t["last"], t["difference"], t["groups"]
+    (0.25, 0.5, 0.25, [2, 2])
+    >>> [round(x, 3) for x in t["ci95"]]
+    [-0.846, 1.346]
+    """
+    if len(steps) < 2:
+        return None
+    k = max(1, len(steps) // 3)
+
+    def pooled(part: list[tuple[float, float, int]]) -> tuple[float, float, int]:
+        n = sum(g for *_, g in part)
+        mean = sum(m * g for m, _, g in part) / n
+        square = sum(q * g for _, q, g in part) / n
+        variance = max(square - mean * mean, 0.0) * n / (n - 1) if n > 1 else 0.0
+        return mean, variance, n
+
+    first, var_first, n_first = pooled(steps[:k])
+    last, var_last, n_last = pooled(steps[-k:])
+    margin = z * math.sqrt(var_first / n_first + var_last / n_last)
+    difference = last - first
+    return {
+        "first": first,
+        "last": last,
+        "difference": difference,
+        "ci95": [difference - margin, difference + margin],
+        "groups": [n_first, n_last],
+        "steps_per_third": k,
+    }

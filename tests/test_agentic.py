@@ -451,6 +451,8 @@ def test_dynamic_sampling_replaces_groups_without_variance(
         **{k: v for k, v in out.items() if k.startswith(("agent_", "sampling_"))},
     )
     assert logged["sampling/frac_reward_zero_std_before"] == 1.0
+    # The step's own draw (shop_3, all failed) is what the policy earned, whatever was trained on.
+    assert logged["sampling/reward_before"] == 0.0 and logged["sampling/groups"] == 1.0
     if rounds:
         # shop_1's group (a pass and a fail) took the slot; 4 rollouts were spent for it.
         assert sorted(rewards) == [0.0, 1.0]

@@ -9,7 +9,19 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="the report is in the train extra")
 
-from birdtrain.report import write_report
+from birdtrain.report import reward_trend_table, write_report
+
+
+def _steps(rewards: list[float], spread: float = 0.01) -> list[dict[str, float]]:
+    """Dynamic sampling's first-round figures: 4 groups a step around each mean reward."""
+    return [
+        {
+            "sampling/reward_before": r,
+            "sampling/reward_before_sq": r * r + spread,
+            "sampling/groups": 4.0,
+        }
+        for r in rewards
+    ]
 
 
 def _run(tmp_path: Path, rewards: list[float]) -> Path:
@@ -25,8 +37,9 @@ def _run(tmp_path: Path, rewards: list[float]) -> Path:
             "pass_rate": r,
             "frac_reward_zero_std": 0.25,
             "sampling/frac_reward_zero_std_before": 0.75,
+            **first_round,
         }
-        for i, r in enumerate(rewards)
+        for (i, r), first_round in zip(enumerate(rewards), _steps(rewards), strict=True)
     ]
     (run / "stage4" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for label, split, rate in (("before", "heldout", 0.0), ("after_stage4", "train", 12.5)):
@@ -46,6 +59,24 @@ def test_learning_curves_and_intervals(tmp_path: Path) -> None:
     # The training-task evaluation and its interval; a held-out one at 0 still has an interval.
     assert "<code>training</code>" in html and "<code>12.5 [4.3, 31.0]</code>" in html
     assert "<code>0.0 [0.0, 13.8]</code>" in html
+    # Steps 1-2 against 5-6: 0.125 -> 0.625, over 8 groups each with a spread of 0.1 a step.
+    assert "<code>+0.500 [+0.332, +0.668]</code></td><td><code>rose</code>" in html
+
+
+@pytest.mark.parametrize(
+    ("rewards", "spread", "trend"),
+    [
+        ([0.0, 0.25, 0.25, 0.5, 0.5, 0.75], 0.01, "rose"),
+        ([0.75, 0.5, 0.5, 0.25, 0.25, 0.0], 0.01, "fell"),
+        # The same rise, but groups of one step differ by +-0.5: no longer beyond the noise.
+        ([0.0, 0.25, 0.25, 0.5, 0.5, 0.75], 0.25, "within noise"),
+    ],
+)
+def test_a_reward_trend_is_judged_against_the_spread_between_groups(
+    rewards: list[float], spread: float, trend: str
+) -> None:
+    (row,) = reward_trend_table({"stage3": _steps(rewards, spread), "stage4": []})
+    assert row[0] == "stage3" and row[1] == 6 and row[-1] == trend
 
 
 def test_an_all_zero_chart_is_said_in_words(tmp_path: Path) -> None:
