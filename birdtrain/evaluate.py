@@ -508,11 +508,13 @@ def evaluate_policy(
     else:
         for e in episodes:
             e.pred_sqls = submitted(e.messages)
-        TrajectoryStore(store_dir or out_dir).append(
-            row
-            for e in episodes
-            for row in episode_rows(e, category=by_id[e.task_id].category, run=label, stage="eval")
+    TrajectoryStore(store_dir or out_dir).append(
+        row
+        for e in episodes
+        for row in episode_rows(
+            e, category=by_id[e.task_id].category, run=label, stage="eval", mode=mode
         )
+    )
     order = {t.instance_id: i for i, t in enumerate(tasks)}
     episodes.sort(key=lambda e: (order[e.task_id], e.group))
     _write_files(out_dir, episodes, by_id, kind)

@@ -283,7 +283,7 @@ def write_report(run_dir: str | Path) -> Path:
     )
     per_episode = store.query(
         "SELECT episode, count(*) AS turns, count(tool) AS calls, count(*) - count(tool) AS invalid "
-        "FROM trajectories GROUP BY episode"
+        "FROM trajectories WHERE mode IS DISTINCT FROM 'single' GROUP BY episode"
     )
 
     def tools_plot(ax) -> bool:

@@ -1,5 +1,9 @@
 """The trajectory store: every stage-4 rollout and every evaluation episode, queryable with DuckDB.
 
+A single-turn answer (evaluations in ``single`` mode, the stage-3 difficulty estimate) is one row
+of ``mode`` ``single``: its text in ``action``, its ``<solution>`` statements (a JSON list) in
+``sql``, no tool and no observation.
+
 Rollouts are appended as Parquet files, one row per turn, in a ``trajectories/`` folder of the part
 of the run that made them (``stage4/trajectories/``, ``eval/<label>/trajectories/``), so DuckDB reads
 the whole run with one ``read_parquet`` and a user can query it with SQL::
@@ -10,7 +14,8 @@ the whole run with one ``read_parquet`` and a user can query it with SQL::
 Columns: ``run``, ``stage``, ``step``, ``episode`` (one id per trajectory), ``task_id``,
 ``category``, ``turn``, ``action`` (the model's text), ``tool``, ``sql``, ``observation``,
 ``error`` (the tool call's or the statement's), ``verdict`` (``success``/``failed`` on the last
-turn), ``reward``, ``tokens`` (generated in the turn), ``gen_seconds``, ``env_seconds``, ``created``.
+turn), ``reward``, ``tokens`` (generated in the turn), ``gen_seconds``, ``env_seconds``, ``created``,
+``mode`` (``agent`` or ``single``; empty in stores written before it existed).
 """
 
 from __future__ import annotations
@@ -49,15 +54,24 @@ COLUMNS: dict[str, str] = {
     "gen_seconds": "DOUBLE",
     "env_seconds": "DOUBLE",
     "created": "DOUBLE",
+    "mode": "VARCHAR",
 }
 
 
 def episode_rows(
-    episode: Episode, *, category: str, run: str = "", stage: str = "eval", step: int = 0
+    episode: Episode,
+    *,
+    category: str,
+    run: str = "",
+    stage: str = "eval",
+    step: int = 0,
+    mode: str = "agent",
 ) -> list[dict[str, Any]]:
     """One row per assistant turn of an :class:`~birdtrain.rollout.Episode`'s conversation.
 
-    The last row carries the verdict and the reward (None when the episode broke).
+    The last row carries the verdict and the reward (None when the episode broke). In ``single``
+    mode the one answer is a row without a tool: ``sql`` holds its ``<solution>`` statements
+    (``error`` says when there were none) and the reward is the verdict's, 1 or 0.
     """
     messages = episode.messages
     tokens = episode.turn_tokens
@@ -70,13 +84,17 @@ def episode_rows(
             continue
         observation = messages[i + 1]["content"] if i + 1 < len(messages) else None
         tool = sql = error = None
-        try:
-            call = parse_tool_call(message["content"])
-            tool = call.name
-            args = call.arguments
-            sql = args.get("sql") if "sql" in args else json.dumps(args.get("sql_list"))
-        except ToolCallError as exc:
-            error = str(exc)
+        if mode == "single":
+            sql = json.dumps(episode.pred_sqls) if episode.pred_sqls else None
+            error = None if episode.pred_sqls else "no <solution> in the answer"
+        else:
+            try:
+                call = parse_tool_call(message["content"])
+                tool = call.name
+                args = call.arguments
+                sql = args.get("sql") if "sql" in args else json.dumps(args.get("sql_list"))
+            except ToolCallError as exc:
+                error = str(exc)
         if error is None and observation and observation.startswith("status: error"):
             error = observation.split("error: ", 1)[-1]
         rows.append(
@@ -99,12 +117,14 @@ def episode_rows(
                 "gen_seconds": None,
                 "env_seconds": seconds[turn] if turn < len(seconds) else None,
                 "created": time.time(),
+                "mode": mode,
             }
         )
         turn += 1
     if rows:
         rows[-1]["verdict"] = (episode.verdict or {}).get("status")
-        rows[-1]["reward"] = None if episode.dropped else episode.reward
+        reward = float(episode.passed) if mode == "single" else episode.reward
+        rows[-1]["reward"] = None if episode.dropped else reward
     return rows
 
 
@@ -155,7 +175,11 @@ class TrajectoryStore:
                 conn.execute(f"CREATE TABLE trajectories ({columns})")
             else:
                 listed = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
-                conn.execute(f"CREATE VIEW trajectories AS SELECT * FROM read_parquet([{listed}])")
+                # By name: stores written before the ``mode`` column read it as NULL.
+                conn.execute(
+                    f"CREATE VIEW trajectories AS SELECT * FROM read_parquet([{listed}], "
+                    "union_by_name = true)"
+                )
             return conn.execute(sql, params or []).fetchall()
         finally:
             conn.close()

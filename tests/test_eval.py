@@ -199,6 +199,18 @@ def test_bird_single_mode_and_one_kind_per_evaluation(tmp_path: Path) -> None:
     verdicts = [json.loads(x) for x in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
     assert [v["status"] for v in verdicts] == ["failed", "failed"]
     assert all(v["verdict"]["instance_id"] == v["instance_id"] for v in verdicts)
+    # Each answer is in the trajectory store as it was written, with its verdict.
+    stored = TrajectoryStore(tmp_path).query(
+        "SELECT task_id, mode, turn, tool, observation, verdict, reward, action, sql, error "
+        "FROM trajectories ORDER BY task_id"
+    )
+    assert [r[:7] for r in stored] == [
+        (q.instance_id, "single", 0, None, None, "failed", 0.0)
+        for q in sorted(load_bird("bird-mini-eval")[:2], key=lambda q: q.instance_id)
+    ]
+    for *_, action, sql, error in stored:
+        assert action  # the model's text, whatever it wrote
+        assert (sql is None) == (error == "no <solution> in the answer")
 
 
 # -- an agent behind an OpenAI-compatible endpoint ------------------------------------------------
