@@ -664,6 +664,9 @@ PRESETS: dict[str, dict[str, Any]] = {
             "temperature": 1.0,
             "max_completion_length": 512,
             "max_prompt_length": 2048,
+            # Two sequences a backward pass: a group of 8 (~1.7k tokens each, ~2.8 MB of fp32
+            # activations a token without checkpointing) would hold ~20 GB on a 24 GB machine.
+            "micro_batch_size": 2,
             "difficulty_filter": True,
             "difficulty_samples": 4,
             "difficulty_chunk": 8,  # ~5 CPU-minutes a part: what an interruption can lose
@@ -681,6 +684,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "temperature": 1.0,
             "num_envs": 16,
             "max_context": 4096,
+            "micro_batch_size": 2,  # as in stage 3: a group of 8 rollouts would hold ~32 GB
             "difficulty_filter": True,
             "difficulty_samples": 2,  # agent episodes: the costly estimate
             "difficulty_chunk": 8,

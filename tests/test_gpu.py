@@ -124,6 +124,15 @@ def test_plan_says_when_a_stage_does_not_fit(capsys: pytest.CaptureFixture[str])
     assert " yes " in stage2
 
 
+@pytest.mark.parametrize("preset", ["smoke", "smollm", "smollm-learn"])
+def test_the_cpu_presets_train_within_a_24_gb_host(preset: str) -> None:
+    """The presets sized for a 2-core, 24 GB machine hold every training stage's fp32 weights,
+    Adam moments and activations there (a group of 8 stage-4 rollouts in one backward pass held
+    ~32 GB before smollm-learn's micro-batches of 2)."""
+    plans = plan(load_config(preset), gpu_gb=24)
+    assert [p.stage for p in plans if p.stage != "eval" and not p.fits] == []
+
+
 def test_plan_needs_a_config_for_the_model() -> None:
     cfg = load_config("smoke", overrides=["model.name_or_path=nobody/nothing-7b"])
     with pytest.raises(ValueError, match="no configuration for model 'nobody/nothing-7b'"):
