@@ -351,6 +351,11 @@ class AgenticConfig(GRPOSettings):
     reward: str = _field(
         "binary", "'binary' (the official verdict) or 'fraction' (tests passed / total)"
     )
+    format_reward_weight: float = _field(
+        0.0,
+        "weight of a tool-call format reward added to the verdict: the share of a rollout's turns "
+        "whose tool call parsed (0: the verdict alone, as the paper)",
+    )
     vector: str = _field(
         "async",
         "'async' (worker processes), 'sync' (this process) or 'ray' (Ray actors over the cluster "
@@ -384,6 +389,10 @@ class AgenticConfig(GRPOSettings):
             raise ValueError(f"stage4.vector must be 'async', 'sync' or 'ray', got {self.vector!r}")
         if self.reward not in ("binary", "fraction"):
             raise ValueError(f"stage4.reward must be 'binary' or 'fraction', got {self.reward!r}")
+        if self.format_reward_weight < 0:
+            raise ValueError(
+                f"stage4.format_reward_weight must be >= 0, got {self.format_reward_weight}"
+            )
 
 
 @dataclasses.dataclass
@@ -607,8 +616,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # sample rows cut SmolLM2's median critic-mini agent prompt from 3,235 to 1,439 tokens (see
     # "Prompt sizes"), which is what makes CPU epochs affordable. 32 training tasks drawn (seeded)
     # from every database of gym-mini; the fit evaluation is on the first 24 of them, the held-out
-    # one on all 69 critic-mini tasks, in agent and single-turn mode. The RL stages train only on
-    # tasks the policy solves sometimes (difficulty filter) and resample groups without variance.
+    # one on all 69 critic-mini tasks, in agent and single-turn mode. Stage 3 trains only on
+    # tasks the policy solves sometimes (difficulty filter), stage 4 on all of them with a reward
+    # for calls that parse; both resample groups without variance.
     # Every generation limit holds the answers and turns the SFT stages teach (a longer one is
     # cut off every time; `sft.targets_over_budget` warns of it): the first run of this preset
     # taught 28 of 64 answers longer than its 320-token limit.
@@ -685,9 +695,13 @@ PRESETS: dict[str, dict[str, Any]] = {
             "num_envs": 16,
             "max_context": 4096,
             "micro_batch_size": 2,  # as in stage 3: a group of 8 rollouts would hold ~32 GB
-            "difficulty_filter": True,
-            "difficulty_samples": 2,  # agent episodes: the costly estimate
-            "difficulty_chunk": 8,
+            # The second run's agent passed 0 of 24 fit tasks after stage 2 (greedy): 13 of the 24
+            # episodes ended on tool calls that are not valid JSON. A verdict-only filter would
+            # keep no task, and a verdict-only reward would give every group zero variance; a
+            # small reward for calls that parse gives the policy a gradient toward runnable calls,
+            # and dynamic sampling still replaces groups whose rewards are all equal.
+            "format_reward_weight": 0.1,
+            "difficulty_filter": False,
             "dynamic_sampling_rounds": 2,
             "save_steps": 2,
         },

@@ -497,6 +497,38 @@ def test_fraction_reward_scores_bird_questions(tokenizer: Any) -> None:
     assert out["agent_passed"] == [True, True] and out["agent_reward"] == [1.0, 1.0]
 
 
+@pytest.mark.parametrize(("weight", "rewards"), [(0.0, [1.0, 0.0]), (0.2, [1.2, 0.1])])
+def test_stage4_format_reward_adds_the_share_of_parsed_calls(
+    weight: float, rewards: list[float], shop_tasks: list, tokenizer: Any
+) -> None:
+    """Plan A (two parsed calls, a pass) and plan B (a broken call, then a wrong submission):
+    the verdict alone by default, plus the weight times 2/2 and 1/2 of parsed turns."""
+    from birdtrain.stages.agentic import make_rollout_func
+
+    tasks = [t for t in shop_tasks if t.instance_id == "shop_1"]
+    cfg = _stage4_config(format_reward_weight=weight, max_new_tokens=200)
+    cfg.stage4.dynamic_sampling_rounds = 0
+
+    class Trainer:
+        processing_class = tokenizer
+
+    with contextlib.closing(
+        make_vec(2, tasks=tasks, asynchronous=False, vector_kwargs=DISABLED)
+    ) as envs:
+        func = make_rollout_func(
+            envs, cfg.stage4, lambda trainer: ScriptedPolicy(tokenizer, tasks, SCRIPTS)
+        )
+        prompt = [{"role": "user", "content": "shop_1"}]
+        out = func([prompt, prompt], Trainer())
+    assert out["agent_passed"] == [True, False] and out["agent_invalid_calls"] == [0, 1]
+    assert out["agent_reward"] == pytest.approx(rewards)
+
+
+def test_stage4_format_reward_weight_is_not_negative() -> None:
+    with pytest.raises(ValueError, match=r"stage4.format_reward_weight must be >= 0"):
+        load_config("smoke", overrides=["stage4.format_reward_weight=-0.1"])
+
+
 def test_stage4_refuses_fewer_tasks_than_one_step(shop_tasks: list, tiny: Path, tmp_path: Path):
     """TRL drops an incomplete batch: 1 task with tasks_per_step=2 would train zero steps."""
     from birdtrain.stages import StageError, agentic

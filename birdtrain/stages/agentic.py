@@ -86,13 +86,20 @@ def build_dataset(tasks: Sequence[Task]) -> Any:
     )
 
 
-def _reward_of(traj: rollout.Episode) -> float | None:
-    """The GRPO reward of a trajectory: None when it broke, else the environment's own reward.
+def _reward_of(traj: rollout.Episode, format_weight: float = 0.0) -> float | None:
+    """The GRPO reward of a trajectory: None when it broke, else the environment's own reward,
+    plus ``format_weight`` times the share of its turns whose tool call parsed.
 
     The environment's reward is the verdict under its ``reward`` setting (``binary`` or
     ``fraction``, execution accuracy for BIRD questions); a rollout that never submitted got 0.
+    The format term gives a policy that rarely passes a gradient toward calls the environment
+    can run (``stage4.format_reward_weight``; 0 by default).
     """
-    return None if traj.dropped else traj.reward
+    if traj.dropped:
+        return None
+    if not format_weight or not traj.turns:
+        return traj.reward
+    return traj.reward + format_weight * (traj.turns - traj.invalid_calls) / traj.turns
 
 
 def make_rollout_func(
@@ -143,7 +150,7 @@ def make_rollout_func(
             if store is not None:
                 _store(store, trajectories, trainer.state.global_step, categories or {})
             return [
-                Group(t, [_reward_of(tr) for tr in items], items)
+                Group(t, [_reward_of(tr, stage.format_reward_weight) for tr in items], items)
                 for t in ids
                 for items in [[tr for tr in trajectories if tr.task_id == t]]
             ]
