@@ -418,16 +418,16 @@ def test_dropped_rollouts_get_no_reward_and_no_loss(shop_tasks: list, tokenizer:
     assert rewards == [None, None] and logged["agentic/dropped"] == 2.0
 
 
-@pytest.mark.parametrize("rounds", [0, 2])
-def test_dynamic_sampling_replaces_groups_without_variance(
-    rounds: int, shop_tasks: list, tokenizer: Any
-) -> None:
-    """A group whose rollouts all fail is replaced by another task's informative group."""
-    from birdtrain.stages.agentic import make_reward_func, make_rollout_func
-
-    scripts = {**SCRIPTS, "shop_3": [[format_tool_call("submit_solution", sql_list=[WRONG_1])]]}
-    tasks = [t for t in shop_tasks if t.instance_id in ("shop_1", "shop_3")]
-    cfg = _stage4_config(dynamic_sampling_rounds=rounds, max_new_tokens=200)
+def _scripted_step(
+    tokenizer: Any,
+    tasks: list,
+    stage: Any,
+    scripts: dict,
+    task_id: str,
+    pool: list[str] | None = None,
+) -> dict[str, Any]:
+    """The stage-4 rollout step of two rollouts of ``task_id`` in ``tasks``, played by scripts."""
+    from birdtrain.stages.agentic import make_rollout_func
 
     class Trainer:
         processing_class = tokenizer
@@ -436,13 +436,24 @@ def test_dynamic_sampling_replaces_groups_without_variance(
         make_vec(2, tasks=tasks, asynchronous=False, vector_kwargs=DISABLED)
     ) as envs:
         func = make_rollout_func(
-            envs,
-            cfg.stage4,
-            lambda trainer: ScriptedPolicy(tokenizer, tasks, scripts),
-            pool=["shop_1", "shop_3"],
+            envs, stage, lambda trainer: ScriptedPolicy(tokenizer, tasks, scripts), pool=pool
         )
-        prompt = [{"role": "user", "content": "shop_3"}]
-        out = func([prompt, prompt], Trainer())
+        prompt = [{"role": "user", "content": task_id}]
+        return func([prompt, prompt], Trainer())
+
+
+@pytest.mark.parametrize("rounds", [0, 2])
+def test_dynamic_sampling_replaces_groups_without_variance(
+    rounds: int, shop_tasks: list, tokenizer: Any
+) -> None:
+    """A group whose rollouts all fail is replaced by another task's informative group."""
+    from birdtrain.stages.agentic import make_reward_func
+
+    scripts = {**SCRIPTS, "shop_3": [[format_tool_call("submit_solution", sql_list=[WRONG_1])]]}
+    tasks = [t for t in shop_tasks if t.instance_id in ("shop_1", "shop_3")]
+    cfg = _stage4_config(dynamic_sampling_rounds=rounds, max_new_tokens=200)
+    prompt = [{"role": "user", "content": "shop_3"}]
+    out = _scripted_step(tokenizer, tasks, cfg.stage4, scripts, "shop_3", pool=["shop_1", "shop_3"])
     logged: dict[str, float] = {}
     rewards = make_reward_func()(
         [prompt] * 2,
@@ -503,23 +514,10 @@ def test_stage4_format_reward_adds_the_share_of_parsed_calls(
 ) -> None:
     """Plan A (two parsed calls, a pass) and plan B (a broken call, then a wrong submission):
     the verdict alone by default, plus the weight times 2/2 and 1/2 of parsed turns."""
-    from birdtrain.stages.agentic import make_rollout_func
-
     tasks = [t for t in shop_tasks if t.instance_id == "shop_1"]
     cfg = _stage4_config(format_reward_weight=weight, max_new_tokens=200)
     cfg.stage4.dynamic_sampling_rounds = 0
-
-    class Trainer:
-        processing_class = tokenizer
-
-    with contextlib.closing(
-        make_vec(2, tasks=tasks, asynchronous=False, vector_kwargs=DISABLED)
-    ) as envs:
-        func = make_rollout_func(
-            envs, cfg.stage4, lambda trainer: ScriptedPolicy(tokenizer, tasks, SCRIPTS)
-        )
-        prompt = [{"role": "user", "content": "shop_1"}]
-        out = func([prompt, prompt], Trainer())
+    out = _scripted_step(tokenizer, tasks, cfg.stage4, SCRIPTS, "shop_1")
     assert out["agent_passed"] == [True, False] and out["agent_invalid_calls"] == [0, 1]
     assert out["agent_reward"] == pytest.approx(rewards)
 
