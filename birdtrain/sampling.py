@@ -42,15 +42,20 @@ class Group:
     items: list[Any]
 
     @property
+    def scored(self) -> list[float]:
+        """The rewards of the rollouts that did not break."""
+        return [r for r in self.rewards if r is not None]
+
+    @property
     def zero_std(self) -> bool:
         """True when the scored rewards are all equal (or fewer than two were scored)."""
-        scored = [r for r in self.rewards if r is not None]
+        scored = self.scored
         return len(scored) < 2 or max(scored) - min(scored) < 1e-9
 
     @property
     def mean_reward(self) -> float | None:
         """The mean of the scored rewards (``None`` when none was scored)."""
-        scored = [r for r in self.rewards if r is not None]
+        scored = self.scored
         return sum(scored) / len(scored) if scored else None
 
 
