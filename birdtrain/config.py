@@ -258,6 +258,13 @@ class GRPOSettings:
         "sequences per forward/backward pass; gradients accumulate over the step's generation "
         "batch (it must divide it). None: one group (num_generations)",
     )
+    share_prompt: bool = _field(
+        True,
+        "score a group's completions on one forward pass of their common prompt, its keys and "
+        "values reused, instead of one pass over prompt and completion per sequence: the same "
+        "loss and gradient for a fraction of the compute when prompts are long "
+        "(birdtrain.stages.shared_prompt). TRL's own pass runs under gradient checkpointing",
+    )
     difficulty_chunk: int = _field(
         0,
         "training tasks per part of the pass-rate estimate (0: one part); each finished part is "
@@ -661,10 +668,11 @@ PRESETS: dict[str, dict[str, Any]] = {
             "turns": "whole",
             "save_steps": 4,
         },
-        # The RL stages' cost is the backward pass over every sampled sequence, prompt included
-        # (~1.2k tokens in stage 3, ~2.3k over a stage-4 rollout's turns): 16 sequences a step
-        # cost ~5-10 CPU-minutes. Six steps each, at a learning rate that can move the policy in
-        # six steps.
+        # The RL stages' cost is the backward pass over every sampled sequence (~1.2k tokens of
+        # prompt and ~0.3k of answer in stage 3, ~2.3k over a stage-4 rollout's turns): 16
+        # sequences a step cost ~5-10 CPU-minutes with TRL's full pass. A prompt shared by its
+        # group runs once (share_prompt, on by default): ~4x less for a group of 4 in stage 3.
+        # Six steps each, at a learning rate that can move the policy in six steps.
         "stage3": {
             "max_steps": 6,
             "num_generations": 8,
@@ -674,9 +682,10 @@ PRESETS: dict[str, dict[str, Any]] = {
             "temperature": 1.0,
             "max_completion_length": 512,
             "max_prompt_length": 2048,
-            # Two sequences a backward pass: a group of 8 (~1.7k tokens each, ~2.8 MB of fp32
-            # activations a token without checkpointing) would hold ~20 GB on a 24 GB machine.
-            "micro_batch_size": 2,
+            # Eight sequences a backward pass, each distinct prompt run once (share_prompt): 16 GB
+            # peak RSS measured with two 1.2k-token prompts and 512-token completions, where
+            # TRL's full pass held 11 GB for two sequences (benchmarks §15, "Shared prompts").
+            "micro_batch_size": 8,
             "difficulty_filter": True,
             "difficulty_samples": 4,
             "difficulty_chunk": 8,  # ~5 CPU-minutes a part: what an interruption can lose
@@ -694,7 +703,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "temperature": 1.0,
             "num_envs": 16,
             "max_context": 4096,
-            "micro_batch_size": 2,  # as in stage 3: a group of 8 rollouts would hold ~32 GB
+            "micro_batch_size": 2,  # a group of 8 rollouts of up to 4k tokens would hold ~32 GB
             # The second run's agent passed 0 of 24 fit tasks after stage 2 (greedy): 13 of the 24
             # episodes ended on tool calls that are not valid JSON. A verdict-only filter would
             # keep no task, and a verdict-only reward would give every group zero variance; a

@@ -206,6 +206,7 @@ def training_memory(
     compute_bytes: int,
     sequences: int,
     seq_len: int,
+    tokens: int | None = None,
     checkpointing: bool = True,
     reference: bool = False,
     vllm_gb: float = 0.0,
@@ -215,7 +216,8 @@ def training_memory(
 
     ``weight_bytes``: bytes per parameter the model is held in (a LoRA base's, or the master
     weights'); ``trainable_bytes``: per trainable parameter (its gradient; AdamW keeps two moments
-    of the same dtype). ``sequences`` × ``seq_len``: one micro-batch. ``vllm_gb``: the colocated
+    of the same dtype). ``sequences`` × ``seq_len``: one micro-batch; ``tokens``, where given,
+    the tokens it runs instead (a prompt its sequences share runs once). ``vllm_gb``: the colocated
     engine's share; with ``sleep`` it is freed while the model trains.
     """
     lora = shape.lora
@@ -229,8 +231,7 @@ def training_memory(
         "gradients": shape.trainable * trainable_bytes / GB,
         "optimizer": 2 * shape.trainable * trainable_bytes / GB,
         "reference": shape.params * compute_bytes / GB if reference else 0.0,
-        "activations": sequences
-        * seq_len
+        "activations": (sequences * seq_len if tokens is None else tokens)
         * shape.activation_bytes(compute_bytes, checkpointing)
         / GB,
         "vllm": vllm_gb,
@@ -258,6 +259,7 @@ def _grpo_plan(
     *,
     sequences: int,
     seq_len: int,
+    tokens: int | None = None,
 ) -> StagePlan:
     compute = dtype_bytes(precision.compute)
     colocate = s.use_vllm and s.vllm_mode == "colocate"
@@ -269,6 +271,7 @@ def _grpo_plan(
         compute_bytes=compute,
         sequences=settings["per_device_train_batch_size"],
         seq_len=seq_len,
+        tokens=tokens,
         checkpointing=settings["activation_checkpointing"],
         reference=s.beta != 0 and not shape.lora,
         vllm_gb=share,
@@ -314,11 +317,20 @@ def plan(cfg: Any, *, gpu_gb: float = 80.0, bf16_supported: bool = True) -> list
             )
             plans.append(StagePlan(stage, settings, rows, peak, gpu_gb))
         else:
+            tokens = None
             if stage == "stage3":
                 settings = grpo.trainer_arguments(cfg, out_dir, precision)
                 sequences = s.prompts_per_step * s.num_generations
                 seq_len = s.max_prompt_length + s.max_completion_length
+                micro = settings["per_device_train_batch_size"]
+                if s.share_prompt and not settings["activation_checkpointing"]:
+                    # Each distinct prompt of a micro-batch runs once (stages.shared_prompt).
+                    tokens = (
+                        min(micro, s.prompts_per_step) * s.max_prompt_length
+                        + micro * s.max_completion_length
+                    )
             else:
+                # Stage 4's shared first prompt has no bound of its own below max_context.
                 settings = agentic.trainer_arguments(cfg, out_dir, precision)
                 sequences, seq_len = s.tasks_per_step * s.num_generations, s.max_context
             plans.append(
@@ -331,6 +343,7 @@ def plan(cfg: Any, *, gpu_gb: float = 80.0, bf16_supported: bool = True) -> list
                     gpu_gb,
                     sequences=sequences,
                     seq_len=seq_len,
+                    tokens=tokens,
                 )
             )
     if cfg.eval.enabled:

@@ -24,6 +24,7 @@ __all__ = [
     "VLLMPolicy",
     "eos_token_ids",
     "generation_policy",
+    "kv_cache_keyword",
 ]
 
 
@@ -60,6 +61,15 @@ def eos_token_ids(tokenizer: Any, generation_config: Any = None) -> frozenset[in
     elif declared:
         ids.update(declared)
     return frozenset(i for i in ids if i is not None)
+
+
+def kv_cache_keyword(model: Any) -> str:
+    """``cache`` (newer transformers) or ``past_key_values`` (older): what ``model``'s forward
+    (and so its ``generate``) calls the KV cache, through a PEFT wrapper."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def _trim_at_eos(ids: list[int], eos: frozenset[int]) -> int:
@@ -109,6 +119,7 @@ class TransformersPolicy:
         self.model.generation_config = GenerationConfig()
         try:
             with torch.no_grad():
+                prefilled = self._prefill(batch, input_ids, attention)
                 out = self.model.generate(
                     input_ids=input_ids,
                     attention_mask=attention,
@@ -119,6 +130,7 @@ class TransformersPolicy:
                     output_scores=True,  # the processed logits the tokens were sampled from
                     # TRL turns the KV cache off for gradient checkpointing; sampling needs it.
                     use_cache=True,
+                    **prefilled,
                     **sampling,
                 )
         finally:
@@ -132,6 +144,38 @@ class TransformersPolicy:
             n = _trim_at_eos(row, self.eos_ids)
             results.append((row[:n], lp[:n]))
         return results
+
+    def _prefill(self, batch: list[list[int]], input_ids: Any, attention: Any) -> dict[str, Any]:
+        """``generate``'s KV cache for a batch that repeats contexts (a GRPO group samples one
+        prompt several times): each distinct context but its last token runs once, and its keys
+        and values are repeated for every row that holds it. ``{}`` when no context repeats.
+
+        Positions are those ``generate`` gives a left-padded row (counted from its first real
+        token), so the cached keys and the generated tokens agree.
+        """
+        import torch
+        from transformers import DynamicCache
+
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(ids), len(distinct)) for ids in batch]
+        if len(distinct) == len(batch) or input_ids.size(1) < 2:
+            return {}
+        firsts = torch.tensor(
+            [rows.index(i) for i in range(len(distinct))], device=input_ids.device
+        )
+        ids, mask = input_ids[firsts, :-1], attention[firsts, :-1]
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        keyword = kv_cache_keyword(self.model)
+        cache = DynamicCache(config=self.model.config)
+        self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{keyword: cache},
+        )
+        cache.batch_select_indices(torch.tensor(rows, device=input_ids.device))
+        return {keyword: cache}
 
 
 class VLLMPolicy:

@@ -133,6 +133,24 @@ def test_the_cpu_presets_train_within_a_24_gb_host(preset: str) -> None:
     assert [p.stage for p in plans if p.stage != "eval" and not p.fits] == []
 
 
+def test_plan_counts_a_shared_prompt_once_per_micro_batch() -> None:
+    """Stage 3 with ``share_prompt`` (and no gradient checkpointing) holds the activations of
+    each distinct prompt of a micro-batch once, plus every completion; without it, every whole
+    sequence; under checkpointing TRL's full pass runs, and so does the estimate."""
+    base = ["stage3.micro_batch_size=16", "stage3.max_prompt_length=2048"]
+    base += ["stage3.max_completion_length=512", "stage3.prompts_per_step=2"]
+
+    def activations(*overrides: str) -> float:
+        cfg = load_config("smollm-learn", overrides=[*base, *overrides])
+        return next(p.memory["activations"] for p in plan(cfg, gpu_gb=24) if p.stage == "stage3")
+
+    shared, full = activations(), activations("stage3.share_prompt=false")
+    assert shared / full == pytest.approx((2 * 2048 + 16 * 512) / (16 * (2048 + 512)))
+    assert activations("model.gradient_checkpointing=true") == pytest.approx(
+        activations("model.gradient_checkpointing=true", "stage3.share_prompt=false")
+    )
+
+
 def test_plan_needs_a_config_for_the_model() -> None:
     cfg = load_config("smoke", overrides=["model.name_or_path=nobody/nothing-7b"])
     with pytest.raises(ValueError, match="no configuration for model 'nobody/nothing-7b'"):

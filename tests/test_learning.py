@@ -242,11 +242,12 @@ def test_grpo_sign_and_mask_on_a_one_token_choice(
     perturbation: str, tiny: str, tmp_path: Path
 ) -> None:
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     from birdtrain import rollout
     from birdtrain.models import load_policy
     from birdtrain.stages.agentic import make_reward_func, make_rollout_func
+    from birdtrain.stages.shared_prompt import grpo_trainer_class
 
     cfg = _config(
         **{"stage4.num_generations": 4, "stage4.max_turns": 2, "stage4.max_new_tokens": 8}
@@ -295,7 +296,8 @@ def test_grpo_sign_and_mask_on_a_one_token_choice(
             use_cpu=True,
             disable_tqdm=True,
         )
-        trainer = GRPOTrainer(
+        # The trainer class the stages use (a group's log-probabilities on one prompt pass).
+        trainer = grpo_trainer_class(share_prompt=True)(
             model=model,
             processing_class=tokenizer,
             reward_funcs=[make_reward_func()],

@@ -72,3 +72,36 @@ def test_sampling_ignores_the_checkpoint_generation_config(opinionated: tuple[st
         plain = _plain_logps(model, context + ids, 0.7)
         expected = [float(plain[len(context) - 1 + k, t]) for k, t in enumerate(ids)]
         assert logps == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_repeated_context_is_read_once_and_sampled_as_alone(
+    opinionated: tuple[str, int],
+) -> None:
+    """A batch that repeats contexts (a GRPO group) runs each distinct one once before sampling,
+    and every row's tokens and logprobs are those of its own context (left padding included)."""
+    import torch
+
+    path, _ = opinionated
+    model, tokenizer = load_policy(path)
+    policy = TransformersPolicy(model, tokenizer)
+    prompt = _prompt_ids(tokenizer)
+    batch = [prompt, prompt[3:], prompt, prompt, prompt[3:]]
+    read: list[tuple[int, ...]] = []
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda module, inputs, output: read.append(tuple(inputs[0].shape))
+    )
+    try:
+        torch.manual_seed(0)
+        samples = policy.generate(batch, max_new_tokens=8, temperature=0.7)
+        torch.manual_seed(0)
+        greedy = policy.generate(batch, max_new_tokens=8, temperature=0.0)
+    finally:
+        hook.remove()
+    assert read[0] == (2, len(prompt) - 1)  # the two distinct contexts, all but their last token
+    assert read[1] == (len(batch), 1)  # then every row, one token at a time
+    for context, (ids, logps) in zip(batch, samples, strict=True):
+        plain = _plain_logps(model, context + ids, 0.7)
+        expected = [float(plain[len(context) - 1 + k, t]) for k, t in enumerate(ids)]
+        assert logps == pytest.approx(expected, abs=1e-4)
+    alone = [policy.generate([c], max_new_tokens=8, temperature=0.0)[0][0] for c in batch[:2]]
+    assert [ids for ids, _ in greedy] == [alone[0], alone[1], alone[0], alone[0], alone[1]]

@@ -579,6 +579,99 @@ def test_stage1_then_stage3_end_to_end(shop: list[Task], tiny: str, tmp_path: Pa
     assert not any(p.name not in {"s1", "s3"} for p in tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(
+    ("stage", "lora"), [("stage3", False), ("stage4", False), ("stage3", True)]
+)
+def test_shared_prompt_scores_as_trls_full_pass(
+    stage: str, lora: bool, shop: list[Task], tiny: str, tmp_path: Path
+) -> None:
+    """A stage's trainer scores a batch (two real prompts of different lengths, left-padded, and
+    completions right-padded) with the same log-probabilities, entropies and gradient as TRL's own
+    pass over every whole sequence, LoRA adapters included; with share_prompt off it is TRL's
+    trainer."""
+    import torch
+    from trl import GRPOTrainer
+
+    from birdtrain.prompts import single_turn_prompt
+
+    # No LoRA dropout: its random masks would make any two passes' gradients differ.
+    cfg = _cfg(
+        **{
+            f"{stage}.max_steps": 1,
+            "stage3.max_prompt_length": 4096,
+            "model.lora": lora,
+            "model.lora_dropout": 0.0,
+        }
+    )
+    trainer = _rl_trainer(cfg, stage, tiny, tmp_path, shop[:2])
+    assert type(trainer) is not GRPOTrainer and isinstance(trainer, GRPOTrainer)
+    tokenizer = trainer.processing_class
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": single_turn_prompt(t, cfg.prompt.options())}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for t in (shop[0], shop[6])
+    ]
+    assert len(prompts[0]) != len(prompts[1])
+    width, completion = max(map(len, prompts)), 9
+    generator = torch.Generator().manual_seed(0)
+    rows, masks = [], []
+    for i, lengths in enumerate([(9, 4, 1), (7, 9, 2)]):  # three completions of each prompt
+        for n in lengths:
+            pad = width - len(prompts[i])
+            ids = torch.randint(10, len(tokenizer), (completion,), generator=generator)
+            rows.append(
+                torch.cat([torch.zeros(pad, dtype=torch.long), torch.tensor(prompts[i]), ids])
+            )
+            masks.append(
+                torch.tensor([0] * pad + [1] * len(prompts[i]) + [1] * n + [0] * (completion - n))
+            )
+    order = [0, 3, 1, 4, 2, 5]  # interleaved, as TRL shuffles a step's batch
+    input_ids, attention_mask = torch.stack(rows)[order], torch.stack(masks)[order]
+    scored = attention_mask[:, -completion:].bool()
+    weights = torch.randn(len(order), completion, generator=generator)
+    results = []
+    for method in (
+        trainer._get_per_token_logps_and_entropies,
+        GRPOTrainer._get_per_token_logps_and_entropies.__get__(trainer),
+    ):
+        trainer.model.zero_grad()
+        logps, entropies, _ = method(
+            trainer.model, input_ids, attention_mask, completion, batch_size=4, compute_entropy=True
+        )
+        (logps * weights * scored).sum().backward()
+        grads = torch.cat(
+            [p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]
+        )
+        results.append((logps[scored], entropies[scored], grads))
+    (shared, shared_entropy, shared_grad), (full, full_entropy, full_grad) = results
+    assert torch.allclose(shared, full, atol=1e-5), (shared - full).abs().max()
+    assert torch.allclose(shared_entropy, full_entropy, atol=1e-5)
+    # float32 rounding of sums taken in another order: ~1e-6 of the gradient's size
+    error = float((shared_grad - full_grad).norm() / full_grad.norm())
+    assert error < 1e-5, error
+    assert full_grad.abs().max() > 0
+
+    cfg = _cfg(**{f"{stage}.share_prompt": False, "stage3.max_prompt_length": 4096})
+    assert type(_rl_trainer(cfg, stage, tiny, tmp_path, shop[:2])) is GRPOTrainer
+
+
+def _rl_trainer(cfg: Any, stage: str, model: str, out_dir: Path, tasks: list[Task]) -> Any:
+    """Stage 3's or stage 4's trainer as the stage builds it (stage 4 over real envs)."""
+    from birdenv.vector import make_vec
+    from birdtrain.rollout import VECTOR_KWARGS
+    from birdtrain.stages import agentic, grpo
+
+    if stage == "stage3":
+        return grpo.build_trainer(cfg, model_path=model, out_dir=out_dir, tasks=tasks)
+    envs = make_vec(2, tasks=tasks, asynchronous=False, vector_kwargs=VECTOR_KWARGS)
+    envs.close()  # the trainer is inspected, never run
+    return agentic.build_trainer(cfg, model_path=model, out_dir=out_dir, tasks=tasks, envs=envs)
+
+
 def test_grpo_refuses_prompts_that_are_all_too_long(shop: list[Task], tiny: str) -> None:
     from transformers import AutoTokenizer
 

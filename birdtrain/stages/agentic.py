@@ -21,7 +21,9 @@ the documented hook that hands generation to us and takes back exactly what the 
 ``prompt_ids``, ``completion_ids``, sampling ``logprobs`` and ``env_mask`` (TRL's tool mask:
 0 = not trained on), plus extra fields that reach the reward function. Everything else (the GRPO
 loss, KL to the reference, group-normalized advantages with ``None`` rewards, logging, vLLM weight
-sync) stays TRL's, so a subclass would only add surface to keep in step with TRL.
+sync) stays TRL's, so a subclass for the rollouts would only add surface to keep in step with
+TRL. The one subclass (``stage4.share_prompt``, :mod:`birdtrain.stages.shared_prompt`) changes
+how a group's log-probabilities are computed, not what: its rollouts share their first prompt.
 
 Read top to bottom: tasks and envs → dataset (one row per task) → ``rollout_func`` (collect) →
 reward function (verdicts + per-step metrics) → ``GRPOConfig`` → train → metrics.jsonl → save.
@@ -51,7 +53,14 @@ from birdtrain.stages import (
 )
 from birdtrain.trajectory_store import TrajectoryStore, episode_rows
 
-__all__ = ["build_dataset", "make_reward_func", "make_rollout_func", "run", "trainer_arguments"]
+__all__ = [
+    "build_dataset",
+    "build_trainer",
+    "make_reward_func",
+    "make_rollout_func",
+    "run",
+    "trainer_arguments",
+]
 
 #: Per-step metrics the stage adds to TRL's (names in metrics.jsonl).
 METRICS = (
@@ -290,6 +299,45 @@ def _load_tasks(tasks: Any, cfg: Any) -> list[Task]:
     return tasks
 
 
+def build_trainer(
+    cfg: Any,
+    *,
+    model_path: str,
+    out_dir: Path,
+    tasks: Sequence[Task],
+    envs: Any,
+    policy: Any = None,
+) -> Any:
+    """The configured ``GRPOTrainer`` of stage 4 over ``envs`` (what :func:`run` trains; its
+    arguments as there, ``tasks`` already loaded)."""
+    silence_trl_experimental()
+    from trl import GRPOConfig
+
+    from birdtrain.stages.shared_prompt import grpo_trainer_class
+
+    stage = cfg.stage4
+    check_batches("stage4", len(tasks), stage.tasks_per_step, "tasks_per_step")
+    model, tokenizer, peft_config, precision = load_for_training(cfg, model_path)
+    args = GRPOConfig(**trainer_arguments(cfg, Path(out_dir), precision))
+    return grpo_trainer_class(stage.share_prompt)(
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=[make_reward_func()],
+        args=args,
+        train_dataset=build_dataset(tasks),
+        peft_config=peft_config,
+        rollout_func=make_rollout_func(
+            envs,
+            stage,
+            policy,
+            store=TrajectoryStore(Path(out_dir)),
+            categories={t.instance_id: t.category for t in tasks},
+            pool=[t.instance_id for t in tasks],
+            seed=cfg.seed,
+        ),
+    )
+
+
 def run(
     cfg: Any,
     *,
@@ -319,9 +367,6 @@ def run(
     Returns:
         ``out_dir/"checkpoint"``.
     """
-    silence_trl_experimental()
-    from trl import GRPOConfig, GRPOTrainer
-
     stage = cfg.stage4
     out_dir = Path(out_dir)
     task_list = _load_tasks(tasks, cfg)
@@ -339,25 +384,8 @@ def run(
             vector_kwargs=rollout.VECTOR_KWARGS,
         )
     try:
-        check_batches("stage4", len(task_list), stage.tasks_per_step, "tasks_per_step")
-        model, tokenizer, peft_config, precision = load_for_training(cfg, model_path)
-        args = GRPOConfig(**trainer_arguments(cfg, out_dir, precision))
-        trainer = GRPOTrainer(
-            model=model,
-            processing_class=tokenizer,
-            reward_funcs=[make_reward_func()],
-            args=args,
-            train_dataset=build_dataset(task_list),
-            peft_config=peft_config,
-            rollout_func=make_rollout_func(
-                envs,
-                stage,
-                policy,
-                store=TrajectoryStore(out_dir),
-                categories={t.instance_id: t.category for t in task_list},
-                pool=[t.instance_id for t in task_list],
-                seed=cfg.seed,
-            ),
+        trainer = build_trainer(
+            cfg, model_path=model_path, out_dir=out_dir, tasks=task_list, envs=envs, policy=policy
         )
         train(trainer)
     finally:

@@ -213,9 +213,10 @@ def build_trainer(
     cfg: Any, *, model_path: str, out_dir: Path, tasks: Iterable[Any], policy: Any = None
 ) -> Any:
     """The configured ``GRPOTrainer`` (what :func:`run` trains)."""
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     from birdtrain.stages import check_batches, silence_trl_experimental
+    from birdtrain.stages.shared_prompt import grpo_trainer_class
 
     silence_trl_experimental()
     s = cfg.stage3
@@ -228,7 +229,7 @@ def build_trainer(
     if s.format_reward_weight:
         reward_funcs.append(_format_reward)
     args = GRPOConfig(**trainer_arguments(cfg, out_dir, precision))
-    return GRPOTrainer(
+    return grpo_trainer_class(s.share_prompt)(
         model=model,
         reward_funcs=reward_funcs,
         args=args,
