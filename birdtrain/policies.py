@@ -25,6 +25,7 @@ __all__ = [
     "eos_token_ids",
     "generation_policy",
     "kv_cache_keyword",
+    "unwrapped",
 ]
 
 
@@ -63,13 +64,18 @@ def eos_token_ids(tokenizer: Any, generation_config: Any = None) -> frozenset[in
     return frozenset(i for i in ids if i is not None)
 
 
+def unwrapped(model: Any) -> Any:
+    """The transformers model inside a PEFT wrapper (``model`` itself when there is none)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def kv_cache_keyword(model: Any) -> str:
     """``cache`` (newer transformers) or ``past_key_values`` (older): what ``model``'s forward
     (and so its ``generate``) calls the KV cache, through a PEFT wrapper."""
     import inspect
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    parameters = inspect.signature(unwrapped(model).forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def _trim_at_eos(ids: list[int], eos: frozenset[int]) -> int:

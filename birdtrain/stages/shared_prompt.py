@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from birdtrain.policies import kv_cache_keyword
+from birdtrain.policies import kv_cache_keyword, unwrapped
 
 __all__ = ["grpo_trainer_class", "shared_prompt_logps"]
 
@@ -46,12 +46,12 @@ _MULTIMODAL = (
 
 def _backbone(model: Any) -> Any:
     """The decoder under the LM head (what TRL's fused head calls), through a PEFT wrapper."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = unwrapped(model)
     return getattr(base, base.base_model_prefix)
 
 
 def _checkpointing(model: Any) -> bool:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = unwrapped(model)
     # transformers 5 renamed the property (the old name warns)
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
         if hasattr(type(base), name):
