@@ -1,7 +1,7 @@
 """Generation policies: what produces an agent's turns during rollouts and evaluation.
 
 - Token-level policies (:class:`Policy`) for :func:`birdtrain.rollout.collect`:
-  :class:`TransformersPolicy` (``transformers`` ``generate``), :class:`VLLMPolicy` (a
+  :class:`TransformersPolicy` (a ``transformers`` causal LM), :class:`VLLMPolicy` (a
   ``GRPOTrainer``'s vLLM engine) and :class:`VLLMEnginePolicy` (a standalone ``vllm.LLM``);
   :func:`generation_policy` picks one for a checkpoint.
 - :class:`EndpointPolicy`: a model behind an OpenAI-compatible chat endpoint, which acts on the
@@ -22,6 +22,7 @@ __all__ = [
     "TransformersPolicy",
     "VLLMEnginePolicy",
     "VLLMPolicy",
+    "backbone",
     "eos_token_ids",
     "generation_policy",
     "kv_cache_keyword",
@@ -69,6 +70,12 @@ def unwrapped(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def backbone(model: Any) -> Any:
+    """The decoder under ``model``'s LM head (what TRL's fused head calls), through a PEFT wrapper."""
+    base = unwrapped(model)
+    return getattr(base, base.base_model_prefix)
+
+
 def kv_cache_keyword(model: Any) -> str:
     """``cache`` (newer transformers) or ``past_key_values`` (older): what ``model``'s forward
     (and so its ``generate``) calls the KV cache, through a PEFT wrapper."""
@@ -78,21 +85,15 @@ def kv_cache_keyword(model: Any) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
-def _trim_at_eos(ids: list[int], eos: frozenset[int]) -> int:
-    """Length up to and including the first EOS (everything after it is padding)."""
-    for i, t in enumerate(ids):
-        if t in eos:
-            return i + 1
-    return len(ids)
-
-
 class TransformersPolicy:
-    """Batched sampling with ``transformers`` ``generate`` (left padding), with sampling logprobs.
+    """Batched sampling with a ``transformers`` causal LM (left padding), with sampling logprobs.
 
-    Sampling follows :data:`SAMPLING`: the model's own generation config is set aside while it
-    generates (transformers would otherwise fill every unset option from it), so the logprobs are
-    those of the plain softmax at ``temperature``; ``temperature=0`` is greedy. Every id of
-    :func:`eos_token_ids` ends a turn.
+    Sampling follows :data:`SAMPLING`: the plain softmax at ``temperature``, nothing from the
+    model's own generation config; ``temperature=0`` is greedy (what ``generate`` does with those
+    settings). Every id of :func:`eos_token_ids` ends a turn. The decoding loop is this class's
+    own rather than ``generate``'s so that a row leaves the batch when its turn ends: a batch
+    costs what its rows generate, not its longest row times its size (turns of one batch range
+    from ~60 to the budget's 512 tokens), and a context the batch repeats is read once.
     """
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
@@ -105,7 +106,6 @@ class TransformersPolicy:
     ) -> list[tuple[list[int], list[float]]]:
         """Sample one turn for every context in ``batch``."""
         import torch
-        from transformers import GenerationConfig
 
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -115,73 +115,90 @@ class TransformersPolicy:
         attention = torch.tensor(
             [[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device
         )
-        sampling: dict[str, Any] = (
-            {"do_sample": True, "temperature": temperature, **SAMPLING}
-            if temperature > 0
-            else {"do_sample": False}
-        )
-        was_training, own_config = self.model.training, self.model.generation_config
+        eos = torch.tensor(sorted(self.eos_ids), device=device)
+        results: list[tuple[list[int], list[float]]] = [([], []) for _ in batch]
+        was_training = self.model.training
         self.model.eval()  # no dropout while sampling
-        self.model.generation_config = GenerationConfig()
         try:
             with torch.no_grad():
-                prefilled = self._prefill(batch, input_ids, attention)
-                out = self.model.generate(
-                    input_ids=input_ids,
-                    attention_mask=attention,
-                    max_new_tokens=max_new_tokens,
-                    pad_token_id=pad,
-                    eos_token_id=sorted(self.eos_ids),
-                    return_dict_in_generate=True,
-                    output_scores=True,  # the processed logits the tokens were sampled from
-                    # TRL turns the KV cache off for gradient checkpointing; sampling needs it.
-                    use_cache=True,
-                    **prefilled,
-                    **sampling,
-                )
+                cache = self._prefill(batch, input_ids, attention)
+                keyword = kv_cache_keyword(self.model)
+                rows = torch.arange(len(batch), device=device)  # the rows still generating
+                step_ids = input_ids[:, -1:]  # each context's last token comes first
+                positions = attention.sum(-1, keepdim=True) - 1
+                for step in range(max_new_tokens):
+                    logits = (
+                        self.model(
+                            input_ids=step_ids,
+                            attention_mask=attention,
+                            position_ids=positions,
+                            use_cache=True,
+                            logits_to_keep=1,
+                            **{keyword: cache},
+                        )
+                        .logits[:, -1, :]
+                        .float()
+                    )
+                    if temperature > 0:
+                        logps = (logits / temperature).log_softmax(-1)
+                        chosen = torch.multinomial(logps.exp(), 1).squeeze(-1)
+                    else:
+                        logps = logits.log_softmax(-1)
+                        chosen = logits.argmax(-1)
+                    picked = logps.gather(-1, chosen[:, None]).squeeze(-1)
+                    for row, token, lp in zip(
+                        rows.tolist(), chosen.tolist(), picked.tolist(), strict=True
+                    ):
+                        results[row][0].append(token)
+                        results[row][1].append(lp)
+                    going = ~torch.isin(chosen, eos)
+                    if step == max_new_tokens - 1 or not going.any():
+                        break
+                    if not going.all():  # ended rows leave the batch, and their keys and values
+                        keep = going.nonzero().squeeze(-1)
+                        cache.batch_select_indices(keep)
+                        rows, chosen = rows[keep], chosen[keep]
+                        attention, positions = attention[keep], positions[keep]
+                    step_ids = chosen[:, None]
+                    attention = torch.cat([attention, attention.new_ones(len(rows), 1)], dim=-1)
+                    positions = positions + 1
         finally:
-            self.model.generation_config = own_config
             self.model.train(was_training)
-        new = out.sequences[:, width:]
-        logps = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B, T, V]
-        chosen = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        results = []
-        for row, lp in zip(new.tolist(), chosen.tolist(), strict=True):
-            n = _trim_at_eos(row, self.eos_ids)
-            results.append((row[:n], lp[:n]))
         return results
 
-    def _prefill(self, batch: list[list[int]], input_ids: Any, attention: Any) -> dict[str, Any]:
-        """``generate``'s KV cache for a batch that repeats contexts (a GRPO group samples one
-        prompt several times): each distinct context but its last token runs once, and its keys
-        and values are repeated for every row that holds it. ``{}`` when no context repeats.
+    def _prefill(self, batch: list[list[int]], input_ids: Any, attention: Any) -> Any:
+        """The KV cache (a ``DynamicCache``) of every context but its last token: each distinct
+        context runs once (a GRPO group samples one prompt several times) and its keys and
+        values are repeated for every row that holds it.
 
-        Positions are those ``generate`` gives a left-padded row (counted from its first real
-        token), so the cached keys and the generated tokens agree.
+        Positions are counted from each row's first real token (left padding), as the decoding
+        steps count them.
         """
         import torch
         from transformers import DynamicCache
 
+        cache = DynamicCache(config=self.model.config)
+        if input_ids.size(1) < 2:
+            return cache
         distinct: dict[tuple[int, ...], int] = {}
         rows = [distinct.setdefault(tuple(ids), len(distinct)) for ids in batch]
-        if len(distinct) == len(batch) or input_ids.size(1) < 2:
-            return {}
         firsts = torch.tensor(
             [rows.index(i) for i in range(len(distinct))], device=input_ids.device
         )
         ids, mask = input_ids[firsts, :-1], attention[firsts, :-1]
         positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        keyword = kv_cache_keyword(self.model)
-        cache = DynamicCache(config=self.model.config)
-        self.model(
+        # Through the decoder alone: no logits are needed over the contexts.
+        decoder = backbone(self.model)
+        decoder(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
-            **{keyword: cache},
+            **{kv_cache_keyword(decoder): cache},
         )
-        cache.batch_select_indices(torch.tensor(rows, device=input_ids.device))
-        return {keyword: cache}
+        if len(distinct) < len(batch):
+            cache.batch_select_indices(torch.tensor(rows, device=input_ids.device))
+        return cache
 
 
 class VLLMPolicy:

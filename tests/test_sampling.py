@@ -105,3 +105,45 @@ def test_a_repeated_context_is_read_once_and_sampled_as_alone(
         assert logps == pytest.approx(expected, abs=1e-4)
     alone = [policy.generate([c], max_new_tokens=8, temperature=0.0)[0][0] for c in batch[:2]]
     assert [ids for ids, _ in greedy] == [alone[0], alone[1], alone[0], alone[0], alone[1]]
+
+
+def test_a_row_leaves_the_batch_when_its_turn_ends(opinionated: tuple[str, int]) -> None:
+    """A row whose turn ended is no longer computed, and the others decode as transformers'
+    own ``generate`` decodes them, greedily, token for token."""
+    import torch
+    from transformers import GenerationConfig
+
+    path, first = opinionated
+    model, tokenizer = load_policy(path)
+    policy = TransformersPolicy(model, tokenizer)
+    prompt = _prompt_ids(tokenizer)
+    # The full prompt's greedy turn is `first`, an EOS: it ends after one token; the prompt cut
+    # short by one or two tokens runs to the budget.
+    batch = [prompt[:-1], prompt, prompt[:-2]]
+    read: list[tuple[int, ...]] = []
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda module, inputs, output: read.append(tuple(inputs[0].shape))
+    )
+    try:
+        turns = policy.generate(batch, max_new_tokens=10, temperature=0.0)
+    finally:
+        hook.remove()
+    assert turns[1][0] == [first]
+    assert [len(ids) for ids, _ in turns] == [10, 1, 10]
+    assert read[1] == (3, 1)  # the contexts' last tokens
+    assert read[2:] == [(2, 1)] * 9  # from the second new token on, the two rows still going
+    # generate fills every option it is not given from the checkpoint's (opinionated) config
+    model.generation_config = GenerationConfig()
+    for context, (ids, logps) in zip(batch, turns, strict=True):
+        with torch.no_grad():
+            reference = model.generate(
+                input_ids=torch.tensor([context]),
+                do_sample=False,
+                max_new_tokens=10,
+                eos_token_id=sorted(policy.eos_ids),
+                pad_token_id=tokenizer.eos_token_id,
+            )[0, len(context) :].tolist()
+        assert ids == reference[: len(ids)] and (len(ids) == 10 or ids[-1] in policy.eos_ids)
+        plain = _plain_logps(model, context + ids, 1.0)
+        expected = [float(plain[len(context) - 1 + k, t]) for k, t in enumerate(ids)]
+        assert logps == pytest.approx(expected, abs=1e-4)

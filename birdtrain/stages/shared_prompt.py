@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from birdtrain.policies import kv_cache_keyword, unwrapped
+from birdtrain.policies import backbone, kv_cache_keyword, unwrapped
 
 __all__ = ["grpo_trainer_class", "shared_prompt_logps"]
 
@@ -42,12 +42,6 @@ _MULTIMODAL = (
     "mm_token_type_ids",
     "image_position_ids",
 )
-
-
-def _backbone(model: Any) -> Any:
-    """The decoder under the LM head (what TRL's fused head calls), through a PEFT wrapper."""
-    base = unwrapped(model)
-    return getattr(base, base.base_model_prefix)
 
 
 def _checkpointing(model: Any) -> bool:
@@ -113,15 +107,15 @@ def _score_completions(model: Any, prompt: tuple[int, ...], completions: Any, ma
     import torch
     from transformers import DynamicCache
 
-    backbone = _backbone(model)
-    keyword = kv_cache_keyword(backbone)
+    decoder = backbone(model)
+    keyword = kv_cache_keyword(decoder)
     device = completions.device
     n = completions.size(0)
     prompt_ids = torch.tensor([prompt], device=device)
     prefix = prompt_ids[:, :-1]
-    cache = DynamicCache(config=backbone.config)
+    cache = DynamicCache(config=decoder.config)
     if prefix.size(1):
-        backbone(input_ids=prefix, use_cache=True, **{keyword: cache})
+        decoder(input_ids=prefix, use_cache=True, **{keyword: cache})
     cache.batch_repeat_interleave(n)
     # The prompt's last token predicts the first completion token: it leads the suffix.
     suffix = torch.cat([prompt_ids[:, -1:].expand(n, 1), completions], dim=1)
