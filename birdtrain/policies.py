@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from birdenv.errors import MissingExtraError
@@ -41,7 +43,9 @@ class Policy(Protocol):
     """What :func:`collect` needs from a policy: a tokenizer and batched generation on token ids.
 
     A policy may also name every id that ends a turn in ``eos_ids`` (:func:`eos_token_ids`; the
-    policies here do); without it, the tokenizer's EOS alone ends one.
+    policies here do); without it, the tokenizer's EOS alone ends one. A policy with a ``turns()``
+    context manager (:meth:`TransformersPolicy.turns`) is called inside it for the whole of one
+    :func:`~birdtrain.rollout.collect`, where the weights do not change.
     """
 
     tokenizer: Any
@@ -93,13 +97,29 @@ class TransformersPolicy:
     settings). Every id of :func:`eos_token_ids` ends a turn. The decoding loop is this class's
     own rather than ``generate``'s so that a row leaves the batch when its turn ends: a batch
     costs what its rows generate, not its longest row times its size (turns of one batch range
-    from ~60 to the budget's 512 tokens), and a context the batch repeats is read once.
+    from ~60 to the budget's 512 tokens). A context the batch repeats is read once, and inside
+    :meth:`turns` a rollout's next turn reads only what its context gained since its last turn.
     """
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(tokenizer, getattr(model, "generation_config", None))
+        # Inside turns(): the tokens of each row of the last batch (its context and its turn but
+        # the last token) -> their keys and values, one (keys, values) pair per layer.
+        self._kept: dict[tuple[int, ...], list[tuple[Any, Any]]] | None = None
+
+    @contextlib.contextmanager
+    def turns(self) -> Iterator[None]:
+        """A scope in which the model's weights do not change (:func:`birdtrain.rollout.collect`
+        opens one per call): each row's keys and values are kept after its turn, and a context
+        that extends a kept one (the same rollout's next turn: its context, its turn, the tool's
+        answer) reads only the tokens added since. Nothing is kept outside the scope."""
+        self._kept = {}
+        try:
+            yield
+        finally:
+            self._kept = None
 
     def generate(
         self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
@@ -107,24 +127,23 @@ class TransformersPolicy:
         """Sample one turn for every context in ``batch``."""
         import torch
 
-        tok = self.tokenizer
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         width = max(len(ids) for ids in batch)
         device = next(self.model.parameters()).device
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
         attention = torch.tensor(
             [[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device
         )
         eos = torch.tensor(sorted(self.eos_ids), device=device)
         results: list[tuple[list[int], list[float]]] = [([], []) for _ in batch]
+        keep_turns = self._kept is not None
+        kept: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling
         try:
             with torch.no_grad():
-                cache = self._prefill(batch, input_ids, attention)
+                cache = self._prefill(batch, width)
                 keyword = kv_cache_keyword(self.model)
                 rows = torch.arange(len(batch), device=device)  # the rows still generating
-                step_ids = input_ids[:, -1:]  # each context's last token comes first
+                step_ids = torch.tensor([[ids[-1]] for ids in batch], device=device)
                 positions = attention.sum(-1, keepdim=True) - 1
                 for step in range(max_new_tokens):
                     logits = (
@@ -152,7 +171,13 @@ class TransformersPolicy:
                         results[row][0].append(token)
                         results[row][1].append(lp)
                     going = ~torch.isin(chosen, eos)
-                    if step == max_new_tokens - 1 or not going.any():
+                    last = step == max_new_tokens - 1
+                    if keep_turns:
+                        for j in range(len(rows)) if last else (~going).nonzero().flatten():
+                            row = int(rows[j])
+                            tokens = (*batch[row], *results[row][0][:-1])
+                            kept[tokens] = _row_cache(cache, int(j), len(tokens))
+                    if last or not going.any():
                         break
                     if not going.all():  # ended rows leave the batch, and their keys and values
                         keep = going.nonzero().squeeze(-1)
@@ -164,41 +189,77 @@ class TransformersPolicy:
                     positions = positions + 1
         finally:
             self.model.train(was_training)
+            if keep_turns:
+                self._kept = kept  # a rollout's next turn extends this batch's rows, no older one
         return results
 
-    def _prefill(self, batch: list[list[int]], input_ids: Any, attention: Any) -> Any:
-        """The KV cache (a ``DynamicCache``) of every context but its last token: each distinct
-        context runs once (a GRPO group samples one prompt several times) and its keys and
-        values are repeated for every row that holds it.
+    def _prefill(self, batch: list[list[int]], width: int) -> Any:
+        """The KV cache (a ``DynamicCache``) of every context but its last token, left-padded to
+        ``width - 1``: each distinct context runs once (a GRPO group samples one prompt several
+        times), from the longest kept prefix of it inside :meth:`turns`, and its keys and values
+        are repeated for every row that holds it.
 
-        Positions are counted from each row's first real token (left padding), as the decoding
-        steps count them.
+        Each context runs alone, positions counted from its first token, as the decoding steps
+        count them: padding costs nothing, and on a CPU a long context is as fast alone.
         """
         import torch
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.model.config)
-        if input_ids.size(1) < 2:
-            return cache
-        distinct: dict[tuple[int, ...], int] = {}
-        rows = [distinct.setdefault(tuple(ids), len(distinct)) for ids in batch]
-        firsts = torch.tensor(
-            [rows.index(i) for i in range(len(distinct))], device=input_ids.device
-        )
-        ids, mask = input_ids[firsts, :-1], attention[firsts, :-1]
-        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        # Through the decoder alone: no logits are needed over the contexts.
+        config = self.model.config
+        if width < 2:
+            return DynamicCache(config=config)
         decoder = backbone(self.model)
-        decoder(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            **{kv_cache_keyword(decoder): cache},
+        keyword = kv_cache_keyword(decoder)
+        device = next(self.model.parameters()).device
+        distinct: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
+        for ids in batch:
+            context = tuple(ids[:-1])
+            if context in distinct:
+                continue
+            start, known = self._longest_kept(context)
+            cache = DynamicCache(ddp_cache_data=known, config=config)
+            if start < len(context):
+                decoder(
+                    input_ids=torch.tensor([context[start:]], device=device),
+                    position_ids=torch.arange(start, len(context), device=device)[None],
+                    use_cache=True,
+                    **{keyword: cache},
+                )
+            distinct[context] = [(layer.keys, layer.values) for layer in cache.layers]
+        # A context of one token has no keys: any other row's tensors give the shapes.
+        shapes = next(layers for layers in distinct.values() if layers[0][0] is not None)
+        padded = []
+        for layer, (keys0, values0) in enumerate(shapes):
+            columns: tuple[list[Any], list[Any]] = ([], [])
+            for ids in batch:
+                keys, values = distinct[tuple(ids[:-1])][layer]
+                for out, tensor, like in ((columns[0], keys, keys0), (columns[1], values, values0)):
+                    n = 0 if tensor is None else tensor.size(-2)
+                    pad = like.new_zeros(*like.shape[:-2], width - 1 - n, like.size(-1))
+                    out.append(pad if tensor is None else torch.cat([pad, tensor], dim=-2))
+            padded.append((torch.cat(columns[0]), torch.cat(columns[1])))
+        return DynamicCache(ddp_cache_data=padded, config=config)
+
+    def _longest_kept(self, context: tuple[int, ...]) -> tuple[int, list[tuple[Any, Any]] | None]:
+        """The longest kept token sequence that ``context`` starts with: its length and its keys
+        and values (``0, None`` outside :meth:`turns` or when none matches)."""
+        best: tuple[int, ...] = ()
+        for tokens in self._kept or ():
+            if len(best) < len(tokens) <= len(context) and context[: len(tokens)] == tokens:
+                best = tokens
+        return (len(best), self._kept[best]) if best else (0, None)  # type: ignore[index]
+
+
+def _row_cache(cache: Any, row: int, length: int) -> list[tuple[Any, Any]]:
+    """Row ``row``'s keys and values of its last ``length`` positions (its tokens, not its left
+    padding), copied out of the batch's cache, one ``(keys, values)`` pair per layer."""
+    return [
+        (
+            layer.keys[row : row + 1, :, -length:].clone(),
+            layer.values[row : row + 1, :, -length:].clone(),
         )
-        if len(distinct) < len(batch):
-            cache.batch_select_indices(torch.tensor(rows, device=input_ids.device))
-        return cache
+        for layer in cache.layers
+    ]
 
 
 class VLLMPolicy:

@@ -27,6 +27,7 @@ before it is stepped again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections import deque
@@ -436,58 +437,70 @@ def collect(
     tokenizer = policy.tokenizer
     eos_ids = getattr(policy, "eos_ids", None) or frozenset({tokenizer.eos_token_id})
     plan = Scheduler(envs.num_envs, task_ids, num_generations)
-    while plan.busy():
-        # 1. Free slots start their next rollouts; an idle copy whose episode ended is reset too.
-        try:
-            _reset(envs, plan, plan.assign(), tokenizer)
-        except Exception as exc:
-            plan.break_all(exc)
-            continue
-        # 2. One turn for every rollout in flight, in one batch; a full context truncates.
-        budgets = {
-            i: min(max_new_tokens, max_context - len(plan.contexts[i])) for i in plan.in_flight()
-        }
-        for i in [i for i, budget in budgets.items() if budget <= 0]:
-            plan.finish(i, truncated=True)
-            del budgets[i]
-        if not budgets:
-            continue
-        contexts = [plan.contexts[i] for i in budgets]
-        outputs = plan.timed(
-            "generation",
-            policy.generate,
-            contexts,
-            max_new_tokens=max(budgets.values()),
-            temperature=temperature,
-        )
-        actions = [""] * envs.num_envs  # idle copies get an empty turn
-        for (i, budget), (ids, logps) in zip(budgets.items(), outputs, strict=True):
-            actions[i] = _take_turn(
-                plan.slots[i], plan.contexts[i], ids[:budget], logps[:budget], tokenizer, eos_ids
+    # The weights do not change during the call: the policy may keep each rollout's keys and values
+    # from one turn to the next (TransformersPolicy.turns).
+    turns = getattr(policy, "turns", None)
+    with turns() if turns is not None else contextlib.nullcontext():
+        while plan.busy():
+            # 1. Free slots start their next rollouts; an idle copy whose episode ended is reset too.
+            try:
+                _reset(envs, plan, plan.assign(), tokenizer)
+            except Exception as exc:
+                plan.break_all(exc)
+                continue
+            # 2. One turn for every rollout in flight, in one batch; a full context truncates.
+            budgets = {
+                i: min(max_new_tokens, max_context - len(plan.contexts[i]))
+                for i in plan.in_flight()
+            }
+            for i in [i for i, budget in budgets.items() if budget <= 0]:
+                plan.finish(i, truncated=True)
+                del budgets[i]
+            if not budgets:
+                continue
+            contexts = [plan.contexts[i] for i in budgets]
+            outputs = plan.timed(
+                "generation",
+                policy.generate,
+                contexts,
+                max_new_tokens=max(budgets.values()),
+                temperature=temperature,
             )
-        # 3. Step every copy.
-        try:
-            _, rewards, terminated, truncated, infos = plan.timed("env", envs.step, tuple(actions))
-        except Exception as exc:
-            plan.break_all(exc)
-            continue
-        plan.done.env_steps += len(budgets)
-        plan.ended = [bool(t or u) for t, u in zip(terminated, truncated, strict=True)]
-        for i in budgets:
-            outcome = (
-                _unbatch(infos, i),
-                float(rewards[i]),
-                bool(terminated[i]),
-                bool(truncated[i]),
-            )
-            _take_step(
-                plan,
-                i,
-                actions[i],
-                outcome,
-                max_turns=max_turns,
-                max_context=max_context,
-                tokenizer=tokenizer,
-                eos_ids=eos_ids,
-            )
+            actions = [""] * envs.num_envs  # idle copies get an empty turn
+            for (i, budget), (ids, logps) in zip(budgets.items(), outputs, strict=True):
+                actions[i] = _take_turn(
+                    plan.slots[i],
+                    plan.contexts[i],
+                    ids[:budget],
+                    logps[:budget],
+                    tokenizer,
+                    eos_ids,
+                )
+            # 3. Step every copy.
+            try:
+                _, rewards, terminated, truncated, infos = plan.timed(
+                    "env", envs.step, tuple(actions)
+                )
+            except Exception as exc:
+                plan.break_all(exc)
+                continue
+            plan.done.env_steps += len(budgets)
+            plan.ended = [bool(t or u) for t, u in zip(terminated, truncated, strict=True)]
+            for i in budgets:
+                outcome = (
+                    _unbatch(infos, i),
+                    float(rewards[i]),
+                    bool(terminated[i]),
+                    bool(truncated[i]),
+                )
+                _take_step(
+                    plan,
+                    i,
+                    actions[i],
+                    outcome,
+                    max_turns=max_turns,
+                    max_context=max_context,
+                    tokenizer=tokenizer,
+                    eos_ids=eos_ids,
+                )
     return plan.result()

@@ -97,8 +97,8 @@ def test_a_repeated_context_is_read_once_and_sampled_as_alone(
         greedy = policy.generate(batch, max_new_tokens=8, temperature=0.0)
     finally:
         hook.remove()
-    assert read[0] == (2, len(prompt) - 1)  # the two distinct contexts, all but their last token
-    assert read[1] == (len(batch), 1)  # then every row, one token at a time
+    # the two distinct contexts, all but their last token, each once; then every row
+    assert read[:3] == [(1, len(prompt) - 1), (1, len(prompt) - 4), (len(batch), 1)]
     for context, (ids, logps) in zip(batch, samples, strict=True):
         plain = _plain_logps(model, context + ids, 0.7)
         expected = [float(plain[len(context) - 1 + k, t]) for k, t in enumerate(ids)]
@@ -130,8 +130,8 @@ def test_a_row_leaves_the_batch_when_its_turn_ends(opinionated: tuple[str, int])
         hook.remove()
     assert turns[1][0] == [first]
     assert [len(ids) for ids, _ in turns] == [10, 1, 10]
-    assert read[1] == (3, 1)  # the contexts' last tokens
-    assert read[2:] == [(2, 1)] * 9  # from the second new token on, the two rows still going
+    assert read[3] == (3, 1)  # after the three contexts, their last tokens
+    assert read[4:] == [(2, 1)] * 9  # from the second new token on, the two rows still going
     # generate fills every option it is not given from the checkpoint's (opinionated) config
     model.generation_config = GenerationConfig()
     for context, (ids, logps) in zip(batch, turns, strict=True):
@@ -147,3 +147,40 @@ def test_a_row_leaves_the_batch_when_its_turn_ends(opinionated: tuple[str, int])
         plain = _plain_logps(model, context + ids, 1.0)
         expected = [float(plain[len(context) - 1 + k, t]) for k, t in enumerate(ids)]
         assert logps == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_rollouts_next_turn_reads_only_what_its_context_gained(
+    opinionated: tuple[str, int],
+) -> None:
+    """Inside ``turns()`` a context that extends a row of the previous batch (its context, its turn,
+    then the tool's answer) runs only the tokens added since; the turn is what a fresh read of the
+    whole context gives. Outside the scope nothing is kept."""
+    path, _ = opinionated
+    model, tokenizer = load_policy(path)
+    policy = TransformersPolicy(model, tokenizer)
+    prompt = _prompt_ids(tokenizer)
+    answer = prompt[2:9]  # stands for the tool's answer and the template around it
+    read: list[tuple[int, ...]] = []
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda module, inputs, output: read.append(tuple(inputs[0].shape))
+    )
+    try:
+        with policy.turns():
+            first = policy.generate([prompt[:-1], prompt[:-2]], max_new_tokens=4, temperature=0.0)
+            second_turn = [
+                c + ids + answer
+                for c, (ids, _) in zip([prompt[:-1], prompt[:-2]], first, strict=True)
+            ]
+            read.clear()
+            second = policy.generate(second_turn, max_new_tokens=4, temperature=0.0)
+            reused = list(read)
+        read.clear()
+        fresh = policy.generate(second_turn, max_new_tokens=4, temperature=0.0)
+    finally:
+        hook.remove()
+    # each row's last sampled token (never fed) and the answer but its last token, then decoding
+    assert reused[:3] == [(1, len(answer)), (1, len(answer)), (2, 1)]
+    assert read[:2] == [(1, len(second_turn[0]) - 1), (1, len(second_turn[1]) - 1)]
+    for (ids, logps), (fresh_ids, fresh_logps) in zip(second, fresh, strict=True):
+        assert ids == fresh_ids
+        assert logps == pytest.approx(fresh_logps, abs=1e-4)
