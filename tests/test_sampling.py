@@ -29,6 +29,12 @@ def _plain_logps(model: Any, ids: list[int], temperature: float) -> Any:
     return (logits / temperature).log_softmax(-1)
 
 
+def _turn_logps(model: Any, context: list[int], ids: list[int], temperature: float) -> list[float]:
+    """The plain-distribution logprob of each token of the turn ``ids`` after ``context``."""
+    plain = _plain_logps(model, context + ids, temperature)
+    return [float(plain[len(context) - 1 + k, t]) for k, t in enumerate(ids)]
+
+
 @pytest.fixture(scope="module")
 def opinionated(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
     """A tiny model whose generation_config sets a repetition penalty, top-k, min-p, and a second
@@ -69,9 +75,7 @@ def test_sampling_ignores_the_checkpoint_generation_config(opinionated: tuple[st
     for context, (ids, logps) in zip(
         batch, policy.generate(batch, max_new_tokens=8, temperature=0.7), strict=True
     ):
-        plain = _plain_logps(model, context + ids, 0.7)
-        expected = [float(plain[len(context) - 1 + k, t]) for k, t in enumerate(ids)]
-        assert logps == pytest.approx(expected, abs=1e-4)
+        assert logps == pytest.approx(_turn_logps(model, context, ids, 0.7), abs=1e-4)
 
 
 def test_a_repeated_context_is_read_once_and_sampled_as_alone(
@@ -100,9 +104,7 @@ def test_a_repeated_context_is_read_once_and_sampled_as_alone(
     # the two distinct contexts, all but their last token, each once; then every row
     assert read[:3] == [(1, len(prompt) - 1), (1, len(prompt) - 4), (len(batch), 1)]
     for context, (ids, logps) in zip(batch, samples, strict=True):
-        plain = _plain_logps(model, context + ids, 0.7)
-        expected = [float(plain[len(context) - 1 + k, t]) for k, t in enumerate(ids)]
-        assert logps == pytest.approx(expected, abs=1e-4)
+        assert logps == pytest.approx(_turn_logps(model, context, ids, 0.7), abs=1e-4)
     alone = [policy.generate([c], max_new_tokens=8, temperature=0.0)[0][0] for c in batch[:2]]
     assert [ids for ids, _ in greedy] == [alone[0], alone[1], alone[0], alone[0], alone[1]]
 
@@ -144,9 +146,7 @@ def test_a_row_leaves_the_batch_when_its_turn_ends(opinionated: tuple[str, int])
                 pad_token_id=tokenizer.eos_token_id,
             )[0, len(context) :].tolist()
         assert ids == reference[: len(ids)] and (len(ids) == 10 or ids[-1] in policy.eos_ids)
-        plain = _plain_logps(model, context + ids, 1.0)
-        expected = [float(plain[len(context) - 1 + k, t]) for k, t in enumerate(ids)]
-        assert logps == pytest.approx(expected, abs=1e-4)
+        assert logps == pytest.approx(_turn_logps(model, context, ids, 1.0), abs=1e-4)
 
 
 def test_a_rollouts_next_turn_reads_only_what_its_context_gained(
