@@ -137,7 +137,7 @@ def test_plan_counts_a_shared_prompt_once_per_micro_batch() -> None:
     """Stage 3 with ``share_prompt`` (and no gradient checkpointing) holds the activations of
     each distinct prompt of a micro-batch once, plus every completion; without it, every whole
     sequence; under checkpointing TRL's full pass runs, and so does the estimate."""
-    base = ["stage3.micro_batch_size=16", "stage3.max_prompt_length=2048"]
+    base = ["stage3.enabled=true", "stage3.micro_batch_size=16", "stage3.max_prompt_length=2048"]
     base += ["stage3.max_completion_length=512", "stage3.prompts_per_step=2"]
 
     def activations(*overrides: str) -> float:
