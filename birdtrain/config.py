@@ -674,7 +674,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         # prompt and ~0.3k of answer in stage 3, ~2.3k over a stage-4 rollout's turns): 16
         # sequences a step cost ~5-10 CPU-minutes with TRL's full pass. A prompt shared by its
         # group runs once (share_prompt, on by default): ~4x less for a group of 4 in stage 3.
-        # Six steps each, at a learning rate that can move the policy in six steps.
+        # Stage 3 six steps and stage 4 eight, at learning rates that can move the policy in them.
         # Off: after stage 2 the policy answers a single-turn prompt with narrated agent turns
         # and no <solution> (0 of 24 fit tasks, run 3), so its difficulty filter keeps no task.
         # Its settings are kept for stage3.enabled=true (run 2 trained it after a shorter stage 2).
