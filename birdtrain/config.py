@@ -656,7 +656,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             # As many passes as stage 1 (20 steps of ~3.3 CPU-minutes): two passes at 1e-4 left
             # 0 of 24 fit tasks solved in agent mode and half the episodes on malformed calls
             # (run 2); five at 2e-4 solved 15 of 24 (run 3). Stage 1 is what the fixes come
-            # from: the same stage 2 without it solved 4 of 24 (run 5).
+            # from: the same stage 2 without it solved 4 of 24 (run 4).
             "epochs": 5,
             "learning_rate": 2e-4,
             "batch_size": 8,
@@ -715,7 +715,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "micro_batch_size": 2,  # a group of 8 rollouts of up to 4k tokens would hold ~32 GB
             # Only tasks the policy solves sometimes: without the filter, run 3's first step drew
             # two tasks no rollout solved (0 of 16 at temperature 0.8); with it (4 agent rollouts
-            # a task, in parts of 8 tasks), 18 of 32 tasks were kept in run 3 and 8 in run 5.
+            # a task, in parts of 8 tasks), 18 of 32 tasks were kept in run 3 and 8 in run 4.
             "difficulty_filter": True,
             "difficulty_samples": 4,
             "difficulty_chunk": 8,
