@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from birdenv.schema import SCHEMA_MODES
 from birdtrain.config import PRESETS, STAGES, EvalConfig
 
 __all__ = ["main"]
@@ -144,6 +145,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         suite=args.tasks or args.suite,
         ray=args.ray,
         max_context=args.max_context,
+        prompt={
+            key: value
+            for key, value in (("schema", args.schema), ("sample_rows", args.sample_rows))
+            if value is not None
+        },
         engine_options=EvalConfig(
             max_context=args.max_context, gpu_memory_utilization=args.gpu_memory_utilization
         ).engine_options(),
@@ -250,6 +256,18 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--db-root", help="BIRD: folder holding {db_id}/{db_id}.sqlite")
     ev.add_argument("--limit", type=int, default=0, help="only the first N tasks")
     ev.add_argument("--mode", choices=("agent", "single"), default="agent")
+    ev.add_argument(
+        "--schema",
+        choices=SCHEMA_MODES,
+        help="how prompts show the database (default: the setting the checkpoint was trained "
+        "on, else full)",
+    )
+    ev.add_argument(
+        "--sample-rows",
+        action=argparse.BooleanOptionalAction,
+        help="three rows after each table in prompts (default: as the checkpoint was trained, "
+        "else on)",
+    )
     ev.add_argument("--n", type=int, default=1, help="samples per task (pass@k)")
     ev.add_argument("--temperature", type=float, default=0.0)
     ev.add_argument("--max-turns", type=int, default=5)

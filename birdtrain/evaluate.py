@@ -27,6 +27,7 @@ official ``{question_id: "SQL\\t----- bird -----\\tdb_id"}`` form), ``verdicts.j
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import time
 from collections import defaultdict
@@ -37,6 +38,7 @@ from typing import Any
 from birdenv.bird import BIRD_SEPARATOR, DIFFICULTIES, BirdTask
 from birdenv.tasks import CATEGORIES, Task
 from birdtrain.policies import EndpointPolicy
+from birdtrain.prompts import prompt_for
 from birdtrain.rollout import Episode, submitted
 from birdtrain.stats import pass_at_k, wilson_interval
 from birdtrain.timeline import Timeline
@@ -470,8 +472,10 @@ def evaluate_policy(
     (the paper's figures beside this one). BIRD questions also get ``execution_accuracy`` and
     ``by_difficulty`` (the same figures under their own names). A local model generates with
     ``engine`` (see :func:`birdtrain.policies.generation_policy`). ``prompt`` is the prompt
-    setting (:class:`birdenv.schema.PromptOptions`; default: the benchmark's full schema), which
-    must be the one the policy was trained with; ``task_set`` (``"heldout"`` or ``"train"``, the
+    setting (:class:`birdenv.schema.PromptOptions`, or a mapping of some of its options over the
+    checkpoint's), which must be the one the policy was trained with: by default the one a
+    training stage recorded in its checkpoint, else the benchmark's full schema (see
+    :func:`birdtrain.prompts.prompt_for`; the summary's ``prompt``); ``task_set`` (``"heldout"`` or ``"train"``, the
     summary's ``split``) says which tasks these are, for the report. ``engine_options`` go to
     the vLLM engine (``gpu_memory_utilization``, ``max_model_len``); an agent's episode ends
     when its context reaches ``max_context`` tokens.
@@ -482,6 +486,7 @@ def evaluate_policy(
     threads, so ``ray=True`` refuses them in ``mode="agent"``.
     """
     kind = _kind_of(policy, tasks, mode, n, temperature, ray)
+    prompt = prompt_for(policy, prompt)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     label = label or policy_label(policy)
@@ -524,6 +529,7 @@ def evaluate_policy(
     metric = kind.metric
     summary.update(metric=metric, task=kind.skill, suite=suite, policy=policy, label=label)
     summary.update(mode=mode, split=task_set, seconds=round(seconds, 2), time_split=split)
+    summary["prompt"] = dataclasses.asdict(prompt)
     # The figures under the kind's own names too (execution_accuracy, by_difficulty for BIRD).
     summary[kind.metric_name] = summary["success_rate"]
     summary[f"by_{kind.category_name}"] = summary["by_category"]

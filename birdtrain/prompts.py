@@ -20,16 +20,37 @@ answer. The task's own sections come from the task (:meth:`birdenv.tasks.BaseTas
 
 Every ```sql block of the solution is one element of ``pred_sqls``, exactly as the benchmark's
 baseline reads answers. Everything that writes or reads this format goes through this module.
+
+A checkpoint saved by a training stage records the prompt setting it was trained on
+(:func:`record_prompt`), so that an evaluation of it reads its tasks the same way by default
+(:func:`prompt_for`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from birdenv.schema import PromptOptions, task_schema
 from birdenv.tasks import BaseTask
 
-__all__ = ["ANSWER_INSTRUCTIONS", "format_answer", "parse_solution", "single_turn_prompt"]
+__all__ = [
+    "ANSWER_INSTRUCTIONS",
+    "PROMPT_RECORD",
+    "format_answer",
+    "parse_solution",
+    "prompt_for",
+    "record_prompt",
+    "recorded_prompt",
+    "single_turn_prompt",
+]
+
+#: The file in a checkpoint's folder that holds the prompt setting the checkpoint was trained on.
+PROMPT_RECORD = "birdtrain_prompt.json"
 
 #: The last part of every single-turn prompt: how to answer.
 ANSWER_INSTRUCTIONS = """# Answer format
@@ -111,3 +132,41 @@ def format_answer(thought: str, sql_list: list[str]) -> str:
     """
     blocks = "\n".join(f"```sql\n{sql.strip()}\n```" for sql in sql_list)
     return f"<thought>\n{thought.strip()}\n</thought>\n<solution>\n{blocks}\n</solution>"
+
+
+def record_prompt(checkpoint: str | Path, options: PromptOptions) -> Path:
+    """Write ``options`` into the checkpoint folder ``checkpoint`` (:data:`PROMPT_RECORD`)."""
+    path = Path(checkpoint) / PROMPT_RECORD
+    path.write_text(json.dumps(dataclasses.asdict(options)) + "\n", encoding="utf-8")
+    return path
+
+
+def recorded_prompt(model: str | Path) -> PromptOptions | None:
+    """The prompt setting a checkpoint folder records; None for anything else (a model name, a
+    hub id, a checkpoint saved without one). A record that does not parse is an error, not a
+    silent fall-back to another prompt."""
+    path = Path(model).expanduser() / PROMPT_RECORD
+    if not path.is_file():
+        return None
+    try:
+        return PromptOptions.of(json.loads(path.read_text(encoding="utf-8")))
+    except ValueError as exc:  # json.JSONDecodeError and SchemaError both
+        raise ValueError(f"{path}: not a prompt setting ({exc})") from None
+
+
+def prompt_for(
+    model: str | Path, given: PromptOptions | Mapping[str, Any] | None = None
+) -> PromptOptions:
+    """The prompt setting to evaluate ``model`` with.
+
+    ``given`` options are used as they are; a mapping (e.g. the options a command line named)
+    overrides only its own keys of the checkpoint's recorded setting (:func:`recorded_prompt`);
+    without either, the checkpoint's setting, else the benchmark's full form.
+
+    >>> prompt_for("tiny", {"schema": "linked"})
+    PromptOptions(schema='linked', sample_rows=True)
+    """
+    if isinstance(given, PromptOptions):
+        return given
+    recorded = recorded_prompt(model) or PromptOptions()
+    return PromptOptions.of({**dataclasses.asdict(recorded), **(given or {})})

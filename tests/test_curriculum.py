@@ -13,8 +13,10 @@ import pytest
 
 pytest.importorskip("trl", reason="the curriculum needs the train extra")
 
+from birdenv.schema import PromptOptions
 from birdtrain.cli import main
 from birdtrain.config import load_config
+from birdtrain.prompts import recorded_prompt
 
 
 def test_config_layers_and_errors(tmp_path: Path) -> None:
@@ -118,6 +120,9 @@ def test_smoke_curriculum_runs_all_four_stages(smoke_run: Path) -> None:
     for stage in ("stage1", "stage2", "stage3", "stage4"):
         assert (smoke_run / stage / "DONE").is_file()
         assert (smoke_run / stage / "checkpoint" / "config.json").is_file()
+        # Each checkpoint says which prompts it learned from, for evaluations to use the same.
+        trained_on = PromptOptions.of(record["config"]["prompt"])
+        assert recorded_prompt(smoke_run / stage / "checkpoint") == trained_on
         metrics = [
             json.loads(x) for x in (smoke_run / stage / "metrics.jsonl").read_text().splitlines()
         ]

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from birdenv import load_tasks
 from birdenv.cli import main as birdenv_main
+from birdenv.schema import PromptOptions
 from birdenv.tools import format_tool_call
 
 pytest.importorskip("duckdb", reason="the trajectory store needs the train extra")
 
 from birdtrain.cli import main
 from birdtrain.evaluate import evaluate_policy
+from birdtrain.models import resolve_model
+from birdtrain.prompts import PROMPT_RECORD, prompt_for, record_prompt, recorded_prompt
 from birdtrain.stats import pass_at_k, wilson_interval
 from birdtrain.trajectory_store import TrajectoryStore
 
@@ -265,3 +269,36 @@ def test_curriculum_with_malformed_yaml(tmp_path: Path, capsys) -> None:
     path.write_text("name: mine\nstage3:\n  learning_rate: [1e-6\n")
     err = _one_line_error(["curriculum", "--config", str(path)], capsys)
     assert f"{path}:4:1: not valid YAML" in err
+
+
+def test_an_evaluation_reads_prompts_as_the_checkpoint_learned_them(tmp_path: Path, capsys) -> None:
+    """A checkpoint trained on linked prompts without rows is evaluated on those by default (a
+    model shown the full schema it never saw scores what it never learned); flags override one
+    option at a time; a broken record is an error, not a silent fall-back to the full schema."""
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(resolve_model("tiny"), checkpoint)
+    record_prompt(checkpoint, PromptOptions(schema="linked", sample_rows=False))
+    argv = ["eval", "--policy", str(checkpoint), "--suite", "critic-mini", "--limit", "1"]
+    argv += ["--max-turns", "1", "--max-new-tokens", "4", "--num-envs", "1"]
+
+    def prompt_of(*flags: str, mode: str = "agent") -> dict:
+        out = tmp_path / f"eval-{mode}-{len(flags)}"
+        assert main([*argv, "--mode", mode, "--out", str(out), *flags]) == 0
+        return json.loads((out / "summary.json").read_text())["prompt"]
+
+    assert prompt_of() == {"schema": "linked", "sample_rows": False}
+    assert prompt_of(mode="single") == {"schema": "linked", "sample_rows": False}
+    assert prompt_of("--schema", "full") == {"schema": "full", "sample_rows": False}
+    assert prompt_of("--schema", "named", "--sample-rows") == {
+        "schema": "named",
+        "sample_rows": True,
+    }
+    # Without a record (a base model, a name), the benchmark's own form.
+    assert recorded_prompt("tiny") is None
+    assert prompt_for("tiny") == PromptOptions(schema="full", sample_rows=True)
+
+    (checkpoint / PROMPT_RECORD).write_text('{"schema": "short"}')
+    capsys.readouterr()  # what the evaluations above printed
+    err = _one_line_error([*argv, "--out", str(tmp_path / "broken")], capsys)
+    assert f"{checkpoint / PROMPT_RECORD}: not a prompt setting" in err
+    assert "schema must be one of 'full', 'linked', 'named'" in err

@@ -89,9 +89,12 @@ def stage_actor(trainer: Any, use_vllm: bool, policy: Any = None) -> Any:
     return policies.TransformersPolicy(model, trainer.processing_class)
 
 
-def finish_stage(trainer: Any, stage: str, out_dir: Path, extra: Any = None) -> Path:
+def finish_stage(
+    trainer: Any, stage: str, out_dir: Path, *, prompt: Any, extra: Any = None
+) -> Path:
     """After ``trainer.train()``: refuse a run of zero optimizer steps, write ``metrics.jsonl``,
-    save the merged checkpoint; return its path."""
+    save the merged checkpoint with the prompt setting ``prompt`` it was trained on; return its
+    path."""
     if trainer.state.global_step == 0:
         raise StageError(
             f"{stage} ran zero optimizer steps (its data loader yielded no full batch): lower its "
@@ -100,7 +103,11 @@ def finish_stage(trainer: Any, stage: str, out_dir: Path, extra: Any = None) -> 
     records = write_metrics(trainer.state.log_history, out_dir / "metrics.jsonl", extra=extra)
     masked_steps(records, trainer.args, stage)
     return save_checkpoint(
-        trainer.model, trainer.processing_class, out_dir / "checkpoint", args=trainer.args
+        trainer.model,
+        trainer.processing_class,
+        out_dir / "checkpoint",
+        args=trainer.args,
+        prompt=prompt,
     )
 
 
@@ -387,11 +394,15 @@ def write_metrics(
     return records
 
 
-def save_checkpoint(model: Any, tokenizer: Any, path: Path, *, args: Any = None) -> Path:
+def save_checkpoint(
+    model: Any, tokenizer: Any, path: Path, *, args: Any = None, prompt: Any = None
+) -> Path:
     """Save a full checkpoint of ``model`` (LoRA adapters merged in) and its tokenizer at ``path``.
 
     With the trainer's ``args`` in mixed precision, the weights are saved in its half dtype (what
-    the next stage and vLLM load anyway), not in the float32 of the master weights.
+    the next stage and vLLM load anyway), not in the float32 of the master weights. ``prompt``
+    (:class:`birdenv.schema.PromptOptions`), the setting the model was trained on, is recorded
+    beside them (:func:`birdtrain.prompts.record_prompt`) for evaluations to read it the same way.
     """
     # A peft model saves adapters only; later stages and evaluation load a plain checkpoint.
     if hasattr(model, "merge_and_unload"):
@@ -402,6 +413,10 @@ def save_checkpoint(model: Any, tokenizer: Any, path: Path, *, args: Any = None)
         model = model.to(torch.bfloat16 if args.bf16 else torch.float16)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    if prompt is not None:
+        from birdtrain.prompts import record_prompt
+
+        record_prompt(path, prompt)
     return path
 
 

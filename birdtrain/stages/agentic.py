@@ -391,4 +391,4 @@ def run(
     finally:
         if own_envs:
             envs.close()
-    return finish_stage(trainer, "stage4", out_dir)
+    return finish_stage(trainer, "stage4", out_dir, prompt=cfg.prompt.options())

@@ -276,4 +276,4 @@ def run(
     out_dir = Path(out_dir)
     trainer = build_trainer(cfg, model_path=model_path, out_dir=out_dir, tasks=tasks, policy=policy)
     train(trainer)
-    return finish_stage(trainer, "stage3", out_dir, extra=step_metrics)
+    return finish_stage(trainer, "stage3", out_dir, prompt=cfg.prompt.options(), extra=step_metrics)

@@ -253,4 +253,4 @@ def run(
         cfg, model_path=model_path, out_dir=out_dir, examples=examples, stage=stage
     )
     train(trainer)
-    return finish_stage(trainer, f"stage{stage}", out_dir)
+    return finish_stage(trainer, f"stage{stage}", out_dir, prompt=cfg.prompt.options())
