@@ -475,10 +475,10 @@ def evaluate_policy(
     setting (:class:`birdenv.schema.PromptOptions`, or a mapping of some of its options over the
     checkpoint's), which must be the one the policy was trained with: by default the one a
     training stage recorded in its checkpoint, else the benchmark's full schema (see
-    :func:`birdtrain.prompts.prompt_for`; the summary's ``prompt``); ``task_set`` (``"heldout"`` or ``"train"``, the
-    summary's ``split``) says which tasks these are, for the report. ``engine_options`` go to
-    the vLLM engine (``gpu_memory_utilization``, ``max_model_len``); an agent's episode ends
-    when its context reaches ``max_context`` tokens.
+    :func:`birdtrain.prompts.prompt_for`; the summary's ``prompt``); ``task_set``
+    (``"heldout"`` or ``"train"``, the summary's ``split``) says which tasks these are, for the
+    report. ``engine_options`` go to the vLLM engine (``gpu_memory_utilization``,
+    ``max_model_len``); an agent's episode ends when its context reaches ``max_context`` tokens.
 
     ``ray=True`` uses the Ray cluster at ``RAY_ADDRESS`` (else a local Ray): a local model's
     episodes run in a Ray vector env (environments and their judging on the nodes), and answers of
