@@ -674,9 +674,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         # prompt and ~0.3k of answer in stage 3, ~2.3k over a stage-4 rollout's turns): 16
         # sequences a step cost ~5-10 CPU-minutes with TRL's full pass. A prompt shared by its
         # group runs once (share_prompt, on by default): ~4x less for a group of 4 in stage 3.
-        # Stage 3 six steps and stage 4 eight, at learning rates that can move the policy in them.
-        # Off: after stage 2 the policy answers a single-turn prompt with narrated agent turns
-        # and no <solution> (0 of 24 fit tasks, run 3), so its difficulty filter keeps no task.
+        # Stage 3 six steps and stage 4 eight. Stage 4's 8 steps at 5e-5 did not raise the reward
+        # (run 4), and 2e-4 broke the call format first (run 5): benchmarks §15.
+        # Stage 3 is off: after stage 2 the policy answers a single-turn prompt with narrated agent
+        # turns and no <solution> (0 of 24 fit tasks, run 3), so its difficulty filter keeps no task.
         # Its settings are kept for stage3.enabled=true (run 2 trained it after a shorter stage 2).
         "stage3": {
             "enabled": False,
