@@ -337,6 +337,7 @@ def _evaluate_on(
     mode: str,
 ) -> dict[str, Any]:
     from birdtrain.evaluate import evaluate_policy
+    from birdtrain.stages import sampling_dtype
 
     out_dir = run_dir / "eval" / folder
     summary_path = out_dir / "summary.json"
@@ -360,6 +361,7 @@ def _evaluate_on(
         task_set="train" if suite == "training" else "heldout",
         max_context=cfg.eval.max_context,
         engine_options=cfg.eval.engine_options(),
+        dtype=sampling_dtype(cfg.model),
     )
 
 

@@ -193,6 +193,7 @@ def _model_episodes(
     ray: bool,
     max_context: int,
     engine_options: dict[str, Any] | None,
+    dtype: str,
 ) -> list[Episode]:
     """A local model as an agent, rolled out through a vector env exactly as in stage 4 (with
     ``ray``: a Ray vector env over the cluster)."""
@@ -200,7 +201,9 @@ def _model_episodes(
     from birdtrain.policies import generation_policy
     from birdtrain.rollout import VECTOR_KWARGS, collect
 
-    generator = generation_policy(model_path, engine=engine, engine_options=engine_options)
+    generator = generation_policy(
+        model_path, engine=engine, engine_options=engine_options, dtype=dtype
+    )
     envs = make_vec(
         min(num_envs, len(tasks) * n),
         tasks=tasks,
@@ -237,6 +240,7 @@ def _single_episodes(
     prompt: Any,
     timeline: Timeline,
     engine_options: dict[str, Any] | None,
+    dtype: str,
 ) -> list[Episode]:
     """One ``<solution>`` per sample from a model or an endpoint (not judged yet)."""
     from birdtrain.prompts import parse_solution, single_turn_prompt
@@ -253,7 +257,9 @@ def _single_episodes(
     else:
         from birdtrain.policies import generation_policy
 
-        generator = generation_policy(policy, engine=engine, engine_options=engine_options)
+        generator = generation_policy(
+            policy, engine=engine, engine_options=engine_options, dtype=dtype
+        )
         tokenizer = generator.tokenizer
         texts = []
         with timeline.span("generation"):
@@ -427,7 +433,7 @@ def _episodes(
     endpoints in plain envs on threads, local models in a vector env through ``collect``)."""
     sampling = {k: settings[k] for k in ("max_new_tokens", "temperature")}
     if mode == "single":
-        single = {k: settings[k] for k in ("n", "engine", "prompt", "engine_options")}
+        single = {k: settings[k] for k in ("n", "engine", "prompt", "engine_options", "dtype")}
         return _single_episodes(policy, tasks, timeline=timeline, **single, **sampling)
     threads = {k: settings[k] for k in ("n", "num_envs", "max_turns", "prompt")}
     if policy in _REFERENCE:
@@ -458,6 +464,7 @@ def evaluate_policy(
     ray: bool = False,
     max_context: int = 32768,
     engine_options: dict[str, Any] | None = None,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """Evaluate ``policy`` on ``tasks``; write predictions, verdicts and a summary into ``out_dir``.
 
@@ -479,6 +486,8 @@ def evaluate_policy(
     (``"heldout"`` or ``"train"``, the summary's ``split``) says which tasks these are, for the
     report. ``engine_options`` go to the vLLM engine (``gpu_memory_utilization``,
     ``max_model_len``); an agent's episode ends when its context reaches ``max_context`` tokens.
+    ``dtype`` is what a local model computes in with the transformers engine (``"bfloat16"``:
+    under autocast, as a stage trained with it samples; the summary's ``dtype``).
 
     ``ray=True`` uses the Ray cluster at ``RAY_ADDRESS`` (else a local Ray): a local model's
     episodes run in a Ray vector env (environments and their judging on the nodes), and answers of
@@ -507,6 +516,7 @@ def evaluate_policy(
         ray=ray,
         max_context=max_context,
         engine_options=engine_options,
+        dtype=dtype,
     )
     if mode == "single":
         _judge(episodes, by_id, kind, timeline, ray=ray)
@@ -530,6 +540,7 @@ def evaluate_policy(
     summary.update(metric=metric, task=kind.skill, suite=suite, policy=policy, label=label)
     summary.update(mode=mode, split=task_set, seconds=round(seconds, 2), time_split=split)
     summary["prompt"] = dataclasses.asdict(prompt)
+    summary["dtype"] = dtype
     # The figures under the kind's own names too (execution_accuracy, by_difficulty for BIRD).
     summary[kind.metric_name] = summary["success_rate"]
     summary[f"by_{kind.category_name}"] = summary["by_category"]

@@ -100,11 +100,18 @@ class TransformersPolicy:
     costs what its rows generate, not its longest row times its size (turns of one batch range
     from ~60 to the budget's 512 tokens). A context the batch repeats is read once, and inside
     :meth:`turns` a rollout's next turn reads only what its context gained since its last turn.
+
+    ``dtype``: what the forward passes compute in. ``"bfloat16"`` or ``"float16"`` runs them
+    under autocast on the model's device (as a trainer with ``bf16``/``fp16`` scores them): on a
+    CPU with native bfloat16 instructions, about twice as fast as float32.
     """
 
-    def __init__(self, model: Any, tokenizer: Any) -> None:
+    def __init__(self, model: Any, tokenizer: Any, *, dtype: str = "float32") -> None:
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
         self.model = model
         self.tokenizer = tokenizer
+        self.dtype = dtype
         self.eos_ids = eos_token_ids(tokenizer, getattr(model, "generation_config", None))
         # Inside turns(): the tokens of each row of the last batch (its context and its turn but
         # the last token) -> their keys and values, one (keys, values) pair per layer.
@@ -139,8 +146,11 @@ class TransformersPolicy:
         kept: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling
+        # One autocast scope for the whole turn: it casts each weight once, not once a token.
+        half = self.dtype != "float32"
+        autocast = torch.autocast(device.type, dtype=getattr(torch, self.dtype), enabled=half)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), autocast:
                 cache = self._prefill(batch, width, reserve=max_new_tokens)
                 keyword = kv_cache_keyword(self.model)
                 rows = torch.arange(len(batch), device=device)  # the rows still generating
@@ -388,11 +398,16 @@ class VLLMEnginePolicy:
 
 
 def generation_policy(
-    model_path: str, *, engine: str = "auto", engine_options: dict[str, Any] | None = None
+    model_path: str,
+    *,
+    engine: str = "auto",
+    engine_options: dict[str, Any] | None = None,
+    dtype: str = "float32",
 ) -> Any:
     """The policy that generates for evaluation from a checkpoint: ``engine="vllm"``,
     ``"transformers"`` (on CUDA when present), or ``"auto"`` (vLLM when it is installed and CUDA
-    is present). ``engine_options`` go to the vLLM engine (see :class:`VLLMEnginePolicy`)."""
+    is present). ``engine_options`` go to the vLLM engine (see :class:`VLLMEnginePolicy`);
+    ``dtype`` is what the transformers engine computes in (:class:`TransformersPolicy`)."""
     import importlib.util
 
     import torch
@@ -405,7 +420,8 @@ def generation_policy(
     if engine == "auto":
         engine = "vllm" if has_vllm and torch.cuda.is_available() else "transformers"
     if engine == "transformers":
-        return TransformersPolicy(*load_policy(model_path, device=inference_device()))
+        model, tokenizer = load_policy(model_path, device=inference_device())
+        return TransformersPolicy(model, tokenizer, dtype=dtype)
     if not has_vllm:
         raise MissingExtraError("vllm", "vllm")
     path = resolve_model(model_path)

@@ -541,6 +541,48 @@ def test_an_interrupted_stage_resumes_from_its_last_checkpoint(
     assert not all(torch.equal(start[k], b[k]) for k in b)  # it trained
 
 
+def test_bfloat16_on_a_cpu_trains_and_samples_under_autocast(
+    shop: list[Task], tiny: str, tmp_path: Path
+) -> None:
+    """``model.dtype=bfloat16`` on a CPU with native bfloat16: the trainer's forward passes and the
+    stage's sampler compute in bfloat16 (CPU autocast), while the trained weights stay float32.
+    Without native instructions the same setting computes in float32 (emulated bfloat16 is
+    slower than float32)."""
+    import torch
+
+    from birdtrain.stages import cpu_bf16_supported, sft, stage_actor, training_precision
+
+    assert training_precision("bfloat16", lora=False, cuda=False, bf16_supported=False) == (
+        training_precision("float32", lora=False, cuda=False)
+    )
+    precision = training_precision("bfloat16", lora=False, cuda=False, bf16_supported=True)
+    assert (precision.weights, precision.compute) == ("float32", "bfloat16")
+    if not cpu_bf16_supported():
+        pytest.skip("this CPU has no native bfloat16 instructions")
+
+    cfg = _cfg(**{"model.dtype": "bfloat16", "stage1.max_steps": 2, "stage1.learning_rate": 1e-3})
+    trainer = sft.build_trainer(
+        cfg, model_path=tiny, out_dir=tmp_path, examples=_gold_answers(shop[:4]), stage=1
+    )
+    assert trainer.args.use_cpu and trainer.args.bf16
+    computed: list[torch.dtype] = []
+    layer = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Linear))
+    layer.register_forward_hook(lambda module, inputs, output: computed.append(output.dtype))
+    start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.train()
+    assert computed and set(computed) == {torch.bfloat16}
+    weights = trainer.model.state_dict()
+    assert {v.dtype for v in weights.values()} == {torch.float32}
+    assert not all(torch.equal(start[k], weights[k]) for k in start)  # it trained
+
+    computed.clear()
+    sampler = stage_actor(trainer, use_vllm=False)
+    ids = trainer.processing_class("SELECT 1")["input_ids"]
+    ((tokens, logps),) = sampler.generate([ids], max_new_tokens=3, temperature=0)
+    assert computed and set(computed) == {torch.bfloat16}
+    assert len(tokens) == len(logps) >= 1
+
+
 def test_save_steps_is_checked() -> None:
     with pytest.raises(ValueError, match="save_steps must be >= 0"):
         _cfg(**{"stage4.save_steps": -1})

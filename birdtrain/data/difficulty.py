@@ -42,6 +42,7 @@ def estimate_pass_rates(
     per task, its files under ``run_dir/difficulty/<stage>/``) and writes it.
     """
     from birdtrain.evaluate import evaluate_policy
+    from birdtrain.stages import sampling_dtype
 
     s = getattr(cfg, stage)
     mode = "single" if stage == "stage3" else "agent"
@@ -87,6 +88,7 @@ def estimate_pass_rates(
                     # evaluations' do.
                     **({"max_context": s.max_context} if mode == "agent" else {}),
                     engine_options=cfg.eval.engine_options(),
+                    dtype=sampling_dtype(cfg.model),
                 )
                 rows = _verdicts(out_dir)
             for row in rows:

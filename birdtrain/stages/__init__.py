@@ -86,7 +86,10 @@ def stage_actor(trainer: Any, use_vllm: bool, policy: Any = None) -> Any:
     if use_vllm:
         return policies.VLLMPolicy(trainer)
     model = trainer.accelerator.unwrap_model(trainer.model)
-    return policies.TransformersPolicy(model, trainer.processing_class)
+    # Sampled under the autocast the trainer scores under, so a rollout's logprobs are the ones
+    # the loss treats as on-policy.
+    dtype = "bfloat16" if trainer.args.bf16 else "float16" if trainer.args.fp16 else "float32"
+    return policies.TransformersPolicy(model, trainer.processing_class, dtype=dtype)
 
 
 def finish_stage(
@@ -157,14 +160,14 @@ class Precision:
 
     Trainable weights are always float32 (full fine-tuning keeps float32 master weights; LoRA
     adapters are float32), so no stage trains in pure half precision by accident: Adam's small
-    steps would round away in bfloat16, and float16 gradients cannot be unscaled. On a GPU the
-    forward and backward run in ``compute`` under autocast; frozen weights (the LoRA base) and the
-    reference model are stored in it.
+    steps would round away in bfloat16, and float16 gradients cannot be unscaled. The forward and
+    backward run in ``compute`` under autocast (on a GPU, or on a CPU with native bfloat16
+    instructions); frozen weights (the LoRA base) and the reference model are stored in it.
     """
 
     #: dtype the model is loaded and kept in: float32 for full fine-tuning, ``compute`` for a LoRA base.
     weights: str
-    #: dtype of the forward and backward (autocast on a GPU).
+    #: dtype of the forward and backward (autocast where it is not float32).
     compute: str
     cuda: bool
     #: trains LoRA adapters (float32) on a frozen base, rather than every weight.
@@ -184,29 +187,48 @@ def dtype_bytes(dtype: str) -> int:
     return _BYTES[dtype]
 
 
+def cpu_bf16_supported() -> bool:
+    """True when this CPU computes bfloat16 natively (AVX512-BF16 or AMX), where autocast runs a
+    matrix product several times faster than float32; elsewhere bfloat16 is emulated, and slower."""
+    import torch
+
+    return bool(
+        torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
+
+
 def training_precision(
     dtype: str, *, lora: bool, cuda: bool | None = None, bf16_supported: bool | None = None
 ) -> Precision:
     """The :class:`Precision` of a stage from ``model.dtype`` and whether it trains LoRA adapters.
 
     ``dtype="auto"`` is bfloat16 on a GPU that supports it, float16 on one that does not, float32
-    on the CPU. The CPU has no autocast: a half ``dtype`` there only stores (and runs) a frozen LoRA
-    base in it; full fine-tuning computes in float32. ``cuda``/``bf16_supported`` default to this
-    machine's.
+    on the CPU. On a CPU, ``"bfloat16"`` computes under CPU autocast where the CPU has native
+    bfloat16 instructions (:func:`cpu_bf16_supported`); on one without them, and for
+    ``"float16"``, full fine-tuning computes in float32 and a half ``dtype`` only stores (and
+    runs) a frozen LoRA base in it. ``cuda`` and ``bf16_supported`` (the GPU's, or without CUDA
+    the CPU's) default to this machine's.
     """
     import torch
 
     if cuda is None:
         cuda = torch.cuda.is_available()
+    if bf16_supported is None:
+        bf16_supported = torch.cuda.is_bf16_supported() if cuda else cpu_bf16_supported()
     if dtype == "auto":
-        if not cuda:
-            dtype = "float32"
-        else:
-            if bf16_supported is None:
-                bf16_supported = torch.cuda.is_bf16_supported()
-            dtype = "bfloat16" if bf16_supported else "float16"
-    compute = dtype if cuda or lora else "float32"
+        # float32 on every CPU unless asked: a CPU run computes the same on any CPU.
+        dtype = ("bfloat16" if bf16_supported else "float16") if cuda else "float32"
+    native = cuda or (dtype == "bfloat16" and bf16_supported)
+    compute = dtype if native or lora else "float32"
     return Precision(weights=dtype if lora else "float32", compute=compute, cuda=cuda, lora=lora)
+
+
+def sampling_dtype(model: Any) -> str:
+    """What a policy computes in when it samples outside a stage (evaluations, difficulty
+    estimates): the compute dtype full fine-tuning with ``model`` settings
+    (:class:`~birdtrain.config.ModelConfig`) trains and samples under, so the figures are the
+    policy's as its own rollouts saw it."""
+    return training_precision(model.dtype, lora=False).compute
 
 
 def check_single_gpu() -> None:
@@ -243,13 +265,14 @@ def common_arguments(cfg: Any, stage: Any) -> dict[str, Any]:
 
 def trainer_device_args(precision: Precision, model: Any) -> dict[str, Any]:
     """``TrainingArguments`` keywords for ``precision`` and the ``model`` settings
-    (:class:`~birdtrain.config.ModelConfig`): CPU without CUDA, autocast on a GPU, and
-    ``model.gradient_checkpointing``."""
+    (:class:`~birdtrain.config.ModelConfig`): CPU without CUDA, autocast where ``precision``
+    computes in half precision, and ``model.gradient_checkpointing``."""
     # TRL turns checkpointing on by default; pass it either way, by its current keyword (TRL's
     # configs set the deprecated ``gradient_checkpointing`` alias, which warns when it is used).
     args: dict[str, Any] = {"activation_checkpointing": model.gradient_checkpointing}
     if not precision.cuda:
-        return {**args, "use_cpu": True, "bf16": False, "fp16": False}
+        # CPU autocast is bfloat16 only (float16 on a CPU stores a LoRA base, nothing more).
+        return {**args, "use_cpu": True, "bf16": precision.compute == "bfloat16", "fp16": False}
     return {
         **args,
         "bf16": precision.compute == "bfloat16",
