@@ -1,11 +1,13 @@
-"""Does LoRA speed up a training step of SmolLM2-135M on CPU? Full fine-tuning vs LoRA, side by side.
+"""What speeds up a training step of SmolLM2-135M on CPU? Full fine-tuning in float32, in
+bfloat16 under CPU autocast (``model.dtype=bfloat16``), and LoRA, side by side.
 
 One SFT-shaped step (forward, backward, AdamW update) on a stage-2-sized example: a linked-schema
 prompt and one tool-call turn, ~600 tokens of SmolLM2's tokenizer. LoRA trains ~1 % of the
 weights, so the optimizer is nearly free, but the forward and backward passes still run through
-every frozen layer: on CPU the step is bound by those, not by the optimizer. Run with
-``make bench`` or ``pytest benchmarks/test_lora.py --benchmark-only``; figures in
-benchmarks/README.md ("LoRA on CPU").
+every frozen layer: on CPU the step is bound by those, not by the optimizer. bfloat16 makes those
+passes cheaper where the CPU computes it natively (AVX512-BF16, AMX). Run with ``make bench`` or
+``pytest benchmarks/test_lora.py --benchmark-only``; figures in benchmarks/README.md ("LoRA on
+CPU", "bfloat16 on the CPU").
 """
 
 from __future__ import annotations
@@ -39,13 +41,20 @@ def example() -> tuple:
     return path, ids
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-r16"])
-def test_sft_step_time(benchmark, example: tuple, lora: bool) -> None:
+@pytest.mark.parametrize(
+    ("lora", "dtype"),
+    [(False, "float32"), (False, "bfloat16"), (True, "float32")],
+    ids=["full", "full-bf16", "lora-r16"],
+)
+def test_sft_step_time(benchmark, example: tuple, lora: bool, dtype: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from birdtrain.config import ModelConfig
     from birdtrain.models import lora_config
+    from birdtrain.stages import cpu_bf16_supported
 
+    if dtype == "bfloat16" and not cpu_bf16_supported():
+        pytest.skip("this CPU has no native bfloat16 instructions")
     path, ids = example
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -58,7 +67,9 @@ def test_sft_step_time(benchmark, example: tuple, lora: bool) -> None:
     model.train()
 
     def step() -> None:
-        loss = model(input_ids=ids, labels=ids).loss
+        # As a trainer with bf16 on a CPU runs it: float32 weights, the passes under autocast.
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+            loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

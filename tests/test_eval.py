@@ -271,6 +271,30 @@ def test_curriculum_with_malformed_yaml(tmp_path: Path, capsys) -> None:
     assert f"{path}:4:1: not valid YAML" in err
 
 
+def test_an_evaluation_computes_in_the_dtype_asked(tmp_path: Path) -> None:
+    """``--dtype bfloat16`` samples under autocast: the model's layers compute in bfloat16, and
+    the summary says which dtype the figures come from."""
+    import torch
+
+    from birdtrain.policies import generation_policy
+
+    argv = ["eval", "--policy", "tiny", "--suite", "critic-mini", "--limit", "1", "--mode"]
+    argv += ["single", "--max-new-tokens", "4", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert json.loads((tmp_path / "summary.json").read_text())["dtype"] == "float32"
+    assert main([*argv, "--dtype", "bfloat16"]) == 0
+    assert json.loads((tmp_path / "summary.json").read_text())["dtype"] == "bfloat16"
+
+    policy = generation_policy("tiny", engine="transformers", dtype="bfloat16")
+    computed: list[torch.dtype] = []
+    layer = next(m for m in policy.model.modules() if isinstance(m, torch.nn.Linear))
+    layer.register_forward_hook(lambda module, inputs, output: computed.append(output.dtype))
+    policy.generate([policy.tokenizer("SELECT 1")["input_ids"]], max_new_tokens=2, temperature=0)
+    assert set(computed) == {torch.bfloat16}
+    with pytest.raises(ValueError, match="dtype must be float32, bfloat16 or float16"):
+        generation_policy("tiny", engine="transformers", dtype="int8")
+
+
 def test_an_evaluation_reads_prompts_as_the_checkpoint_learned_them(tmp_path: Path, capsys) -> None:
     """A checkpoint trained on linked prompts without rows is evaluated on those by default (a
     model shown the full schema it never saw scores what it never learned); flags override one
