@@ -60,7 +60,7 @@ class ModelConfig:
         "autocast: trainable weights, their gradients and Adam's moments stay float32; a LoRA base "
         "and the reference model are stored in it), 'float32', or 'auto' (on a GPU bfloat16 where "
         "it supports it, else float16; float32 on a CPU). A CPU computes 'bfloat16' under autocast "
-        "where it has native bfloat16 instructions (AVX512-BF16, AMX), ~2.5x faster than float32 "
+        "where it has native bfloat16 instructions (AVX512-BF16, AMX), ~2x faster than float32 "
         "there, and float32 otherwise; sampling in stages 3-4, evaluations and difficulty "
         "estimates compute in the same dtype",
     )
@@ -581,7 +581,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "name_or_path": "smollm",
             "lora": False,
             # Mixed precision under CPU autocast where the CPU computes bfloat16 natively
-            # (AVX512-BF16, AMX): a forward and backward of 1.5k tokens 2.5x faster, sampling 2x
+            # (AVX512-BF16, AMX): a training step of 1.5k tokens 1.9x faster, sampling 2x
             # (benchmarks §15, "bfloat16 on the CPU"); float32 elsewhere.
             "dtype": "bfloat16",
             "gradient_checkpointing": False,  # no recompute: one forward pass fewer a step
@@ -641,7 +641,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "name_or_path": "smollm",
             "lora": False,
             # Mixed precision under CPU autocast where the CPU computes bfloat16 natively
-            # (AVX512-BF16, AMX): a forward and backward of 1.5k tokens 2.5x faster, sampling 2x
+            # (AVX512-BF16, AMX): a training step of 1.5k tokens 1.9x faster, sampling 2x
             # (benchmarks §15, "bfloat16 on the CPU"); float32 elsewhere.
             "dtype": "bfloat16",
             "gradient_checkpointing": False,  # no recompute: one forward pass fewer a step
