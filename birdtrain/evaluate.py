@@ -37,6 +37,7 @@ from typing import Any
 
 from birdenv.bird import BIRD_SEPARATOR, DIFFICULTIES, BirdTask
 from birdenv.tasks import CATEGORIES, Task
+from birdenv.tools import ToolCallError, parse_tool_call
 from birdtrain.policies import EndpointPolicy
 from birdtrain.prompts import prompt_for
 from birdtrain.rollout import Episode, submitted
@@ -44,7 +45,13 @@ from birdtrain.stats import pass_at_k, wilson_interval
 from birdtrain.timeline import Timeline
 from birdtrain.trajectory_store import TrajectoryStore, episode_rows
 
-__all__ = ["PAPER_BIRD_RESULTS", "PAPER_RESULTS", "evaluate_policy", "policy_label"]
+__all__ = [
+    "PAPER_BIRD_RESULTS",
+    "PAPER_RESULTS",
+    "describe_outcomes",
+    "evaluate_policy",
+    "policy_label",
+]
 
 #: Success Rates on BIRD-CRITIC-SQLite (500 tasks) reported by the BIRD-RL paper.
 PAPER_RESULTS = [
@@ -336,6 +343,55 @@ def _summarize(episodes: list[Episode], by_id: dict[str, Task], n: int) -> dict[
     return summary
 
 
+def _outcomes(episodes: list[Episode], by_id: dict[str, Task], mode: str) -> dict[str, int]:
+    """How the episodes ended, counted over every sample: what a success rate leaves out.
+
+    ``submitted`` episodes handed in an answer (a ``submit_solution`` call, or a ``<solution>``
+    in single mode); on debugging tasks ``unchanged`` of those handed back the task's own issue
+    SQL, whitespace aside (the "fix" that changes nothing). In agent mode ``turns`` counts the
+    policy's turns and ``unparsed_turns`` those holding no tool call that parses.
+    """
+
+    def words(sqls: list[str]) -> list[str]:
+        return [" ".join(sql.split()) for sql in sqls]
+
+    answered = [e for e in episodes if e.pred_sqls]
+    counts = {"episodes": len(episodes), "submitted": len(answered)}
+    if all(isinstance(by_id[e.task_id], Task) for e in episodes):
+        counts["unchanged"] = sum(
+            words(e.pred_sqls) == words(by_id[e.task_id].issue_sql) for e in answered
+        )
+    if mode == "agent":
+        turns = [m["content"] for e in episodes for m in e.messages if m["role"] == "assistant"]
+        counts["turns"] = len(turns)
+        counts["unparsed_turns"] = sum(not _parses(text) for text in turns)
+    return counts
+
+
+def _parses(text: str) -> bool:
+    """True when a turn holds a tool call that parses."""
+    try:
+        parse_tool_call(text)
+    except ToolCallError:
+        return False
+    return True
+
+
+def describe_outcomes(outcomes: dict[str, int]) -> str:
+    """One line for :func:`_outcomes`'s counts.
+
+    >>> describe_outcomes({"episodes": 69, "submitted": 51, "unchanged": 19, "turns": 206,
+    ...                    "unparsed_turns": 50})
+    '51/69 submitted (19 unchanged), 50/206 turns unparsed'
+    """
+    line = f"{outcomes['submitted']}/{outcomes['episodes']} submitted"
+    if "unchanged" in outcomes:
+        line += f" ({outcomes['unchanged']} unchanged)"
+    if "turns" in outcomes:
+        line += f", {outcomes['unparsed_turns']}/{outcomes['turns']} turns unparsed"
+    return line
+
+
 def _write_files(
     out_dir: Path, episodes: list[Episode], by_id: dict[str, Task], kind: type[Task]
 ) -> None:
@@ -471,7 +527,8 @@ def evaluate_policy(
     Returns the summary: ``success_rate`` (first sample of each task: SR on debugging tasks, EX on
     BIRD questions) and its 95 % Wilson interval ``ci95`` (percent), ``metric`` (``"SR"`` or
     ``"EX"``), ``task`` (``"debugging"`` or ``"generation"``), ``by_category`` (categories, or
-    difficulties), ``pass@k`` and ``pass@k_ci95`` when ``n > 1``, ``label`` (default
+    difficulties), ``pass@k`` and ``pass@k_ci95`` when ``n > 1``, ``outcomes`` (how the episodes
+    ended: answers handed in, issue SQL handed back unchanged, unparsed turns), ``label`` (default
     :func:`policy_label`), ``seconds`` and ``time_split``: the wall time split into
     ``generation_s`` (the policy producing turns, a scripted agent's own queries included),
     ``judge_s``, ``env_s`` and ``other_s`` (loading a model, writing files), each instant given to
@@ -536,6 +593,7 @@ def evaluate_policy(
     seconds = time.perf_counter() - started
     split = {f"{k}_s": round(v, 2) for k, v in timeline.split(started, started + seconds).items()}
     summary = _summarize(episodes, by_id, n)
+    summary["outcomes"] = _outcomes(episodes, by_id, mode)
     metric = kind.metric
     summary.update(metric=metric, task=kind.skill, suite=suite, policy=policy, label=label)
     summary.update(mode=mode, split=task_set, seconds=round(seconds, 2), time_split=split)
@@ -550,6 +608,7 @@ def evaluate_policy(
     print(
         f"[eval {label}] {metric} {summary['success_rate']:.2f}% ({low:.1f}-{high:.1f}) on "
         f"{summary['n']} tasks in {summary['seconds']} s (generation {split['generation_s']} s, "
-        f"environment {split['env_s']} s, judge {split['judge_s']} s, other {split['other_s']} s)"
+        f"environment {split['env_s']} s, judge {split['judge_s']} s, other {split['other_s']} s); "
+        f"{describe_outcomes(summary['outcomes'])}"
     )
     return summary

@@ -158,12 +158,13 @@ def metrics_side_by_side(summaries: dict[str, dict[str, Any]]) -> list[list[Any]
 
 def evaluations_table(summaries: dict[str, dict[str, Any]]) -> list[list[Any]]:
     """One row per evaluation: label, mode, tasks (training or held out), metric, the rate with
-    its 95 % Wilson interval, tasks, pass@k.
+    its 95 % Wilson interval, tasks, pass@k, how the episodes ended.
 
     >>> evaluations_table({"before": {"label": "before", "mode": "agent", "metric": "SR",
     ...                    "success_rate": 12.5, "n": 24, "samples": 1}})
-    [['before', 'agent', 'held out', 'SR', '12.5 [4.3, 31.0]', 24, '']]
+    [['before', 'agent', 'held out', 'SR', '12.5 [4.3, 31.0]', 24, '', '']]
     """
+    from birdtrain.evaluate import describe_outcomes
     from birdtrain.stats import wilson_interval
 
     rows = []
@@ -180,6 +181,7 @@ def evaluations_table(summaries: dict[str, dict[str, Any]]) -> list[list[Any]]:
                 f"{s.get('success_rate', 0.0):.1f} [{100 * lo:.1f}, {100 * hi:.1f}]",
                 n,
                 f"pass@{k} {s[f'pass@{k}']:.1f}" if k > 1 and f"pass@{k}" in s else "",
+                describe_outcomes(s["outcomes"]) if "outcomes" in s else "",
             ]
         )
     order = {"before": 0, "after_stage2": 1, "after_stage4": 2}
@@ -358,7 +360,16 @@ def write_report(run_dir: str | Path) -> Path:
 <div class="grid">{_img(figures["categories"])}</div>
 <h2>Every evaluation, with 95 % intervals</h2>{
         _table(
-            ["evaluation", "mode", "tasks", "metric", "rate % [95 % CI]", "n", "pass@k"],
+            [
+                "evaluation",
+                "mode",
+                "tasks",
+                "metric",
+                "rate % [95 % CI]",
+                "n",
+                "pass@k",
+                "outcomes",
+            ],
             evaluations_table(summaries),
         )
     }

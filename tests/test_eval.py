@@ -108,6 +108,30 @@ def test_pass_at_k_intervals_and_argument_errors(tmp_path: Path) -> None:
         )
 
 
+def test_outcomes_say_how_the_episodes_ended(tmp_path: Path, capsys) -> None:
+    """The summary counts answers handed in, issue SQL handed back unchanged and turns holding no
+    call that parses: what a success rate of 0 leaves out."""
+    tasks = load_tasks("critic-mini")[:6]
+    echo = evaluate_policy("echo", tasks=tasks, out_dir=tmp_path / "echo", num_envs=2)
+    assert echo["success_rate"] == 0.0
+    assert echo["outcomes"] == {
+        "episodes": 6,
+        "submitted": 6,
+        "unchanged": 6,
+        "turns": 6,
+        "unparsed_turns": 0,
+    }
+    oracle = evaluate_policy("oracle", tasks=tasks, out_dir=tmp_path / "oracle", num_envs=2)
+    assert oracle["outcomes"]["unchanged"] == 0 and oracle["outcomes"]["submitted"] == 6
+    capsys.readouterr()
+    # A random model writes no call: every turn is unparsed and nothing is handed in.
+    argv = ["eval", "--policy", "tiny", "--limit", "2", "--max-turns", "2", "--max-new-tokens"]
+    assert main([*argv, "4", "--num-envs", "2", "--out", str(tmp_path / "tiny")]) == 0
+    assert "0/2 submitted (0 unchanged), 4/4 turns unparsed" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "tiny" / "summary.json").read_text())
+    assert summary["outcomes"]["unparsed_turns"] == summary["outcomes"]["turns"] == 4
+
+
 # -- BIRD questions: execution accuracy --------------------------------------------------------
 @pytest.mark.parametrize(
     ("policy", "expected"), [("oracle", 100.0), ("echo", 0.0), ("scripted", 100.0)]
@@ -198,6 +222,7 @@ def test_bird_single_mode_and_one_kind_per_evaluation(tmp_path: Path) -> None:
         max_new_tokens=8,
     )
     assert (summary["metric"], summary["n"], summary["execution_accuracy"]) == ("EX", 2, 0.0)
+    assert summary["outcomes"] == {"episodes": 2, "submitted": 0}  # no <solution>; no issue SQL
     _check_time_split(summary)
     assert summary["time_split"]["generation_s"] > 0  # judging two answers may round to 0.0 s
     verdicts = [json.loads(x) for x in (tmp_path / "verdicts.jsonl").read_text().splitlines()]
