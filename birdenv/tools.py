@@ -30,6 +30,7 @@ __all__ = [
     "format_observation",
     "format_tool_call",
     "format_verdict",
+    "has_tool_call",
     "parse_tool_call",
     "submit_solution",
 ]
@@ -187,6 +188,19 @@ def parse_tool_call(text: str) -> ToolCall:
     if kind is list and (not isinstance(value, list) or not all(isinstance(s, str) for s in value)):
         raise ToolCallError(f"{name}: {key!r} must be a list of SQL strings")
     return ToolCall(name, {key: value})
+
+
+def has_tool_call(text: str) -> bool:
+    """True when a turn holds a tool call that :func:`parse_tool_call` accepts.
+
+    >>> has_tool_call(format_tool_call("execute_sql", sql="SELECT 1")), has_tool_call("SELECT 1")
+    (True, False)
+    """
+    try:
+        parse_tool_call(text)
+    except ToolCallError:
+        return False
+    return True
 
 
 def _cell(value: Any) -> str:

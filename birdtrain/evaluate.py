@@ -37,7 +37,7 @@ from typing import Any
 
 from birdenv.bird import BIRD_SEPARATOR, DIFFICULTIES, BirdTask
 from birdenv.tasks import CATEGORIES, Task
-from birdenv.tools import ToolCallError, parse_tool_call
+from birdenv.tools import has_tool_call
 from birdtrain.policies import EndpointPolicy
 from birdtrain.prompts import prompt_for
 from birdtrain.rollout import Episode, submitted
@@ -364,17 +364,8 @@ def _outcomes(episodes: list[Episode], by_id: dict[str, Task], mode: str) -> dic
     if mode == "agent":
         turns = [m["content"] for e in episodes for m in e.messages if m["role"] == "assistant"]
         counts["turns"] = len(turns)
-        counts["unparsed_turns"] = sum(not _parses(text) for text in turns)
+        counts["unparsed_turns"] = sum(not has_tool_call(text) for text in turns)
     return counts
-
-
-def _parses(text: str) -> bool:
-    """True when a turn holds a tool call that parses."""
-    try:
-        parse_tool_call(text)
-    except ToolCallError:
-        return False
-    return True
 
 
 def describe_outcomes(outcomes: dict[str, int]) -> str:

@@ -37,7 +37,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from birdenv.tools import TOOL_SCHEMAS, ToolCallError, parse_tool_call
+from birdenv.tools import TOOL_SCHEMAS, ToolCallError, has_tool_call, parse_tool_call
 from birdtrain.policies import Policy
 from birdtrain.timeline import Timeline
 
@@ -354,10 +354,9 @@ def _take_turn(
     episode.turns += 1
     body = ids[:-1] if ids and ids[-1] in eos_ids else ids
     action = tokenizer.decode(body, skip_special_tokens=False)
-    try:
-        parse_tool_call(action)
+    if has_tool_call(action):
         episode.tool_calls += 1
-    except ToolCallError:
+    else:
         episode.invalid_calls += 1
     return action
 

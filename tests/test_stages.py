@@ -16,7 +16,7 @@ import pytest
 from birdenv.agents import OracleAgent, run_episode
 from birdenv.envs.critic import BirdCriticEnv
 from birdenv.tasks import Task, load_tasks
-from birdenv.tools import TOOL_SCHEMAS, ToolCallError, parse_tool_call
+from birdenv.tools import TOOL_SCHEMAS, has_tool_call
 from birdtrain.config import CurriculumConfig, load_config
 from tests.conftest import SHOP_TASKS, build_shop
 
@@ -443,14 +443,6 @@ def _rollout_first_turns(model_path: str, task_ids: list[str]) -> list[str]:
     return turns
 
 
-def _parses(text: str) -> bool:
-    try:
-        parse_tool_call(text)
-    except ToolCallError:
-        return False
-    return True
-
-
 def test_stage2_teaches_tool_calls_on_unseen_tasks(tmp_path: Path) -> None:
     """After stage 2 the tiny model opens held-out episodes with a well-formed tool call.
 
@@ -473,7 +465,7 @@ def test_stage2_teaches_tool_calls_on_unseen_tasks(tmp_path: Path) -> None:
     assert not {e["task_id"] for e in train} & set(held_out)
 
     before = _rollout_first_turns(base, held_out)
-    assert not any(_parses(turn) for turn in before), before
+    assert not any(has_tool_call(turn) for turn in before), before
 
     cfg = load_config(
         "smoke",
@@ -488,7 +480,7 @@ def test_stage2_teaches_tool_calls_on_unseen_tasks(tmp_path: Path) -> None:
     )
     checkpoint = sft.run(cfg, model_path=base, out_dir=tmp_path / "s2", examples=examples, stage=2)
     after = _rollout_first_turns(str(checkpoint), held_out)
-    assert all(_parses(turn) for turn in after), after
+    assert all(has_tool_call(turn) for turn in after), after
     metrics = [json.loads(x) for x in (tmp_path / "s2/metrics.jsonl").read_text().splitlines()]
     losses = [m["loss"] for m in metrics if "loss" in m]
     assert len(losses) == 20 and losses[-1] < losses[0] / 2
