@@ -215,6 +215,8 @@ def _check_rl(stage: Any, name: str, sequences: int) -> None:
     """Settings every GRPO stage shares, checked with the fix in the message (``sequences``: the
     step's generation batch)."""
     _check_save_steps(stage.save_steps)
+    if stage.max_tasks is not None and stage.max_tasks < 1:
+        raise ValueError(f"{name}.max_tasks must be >= 1 or None (all), got {stage.max_tasks}")
     micro = stage.micro_batch_size
     if micro is not None and (micro < 1 or sequences % micro):
         raise ValueError(
@@ -267,6 +269,12 @@ class GRPOSettings:
         "values reused, instead of one pass over prompt and completion per sequence: the same "
         "loss and gradient for a fraction of the compute when prompts are long "
         "(birdtrain.stages.shared_prompt). TRL's own pass runs under gradient checkpointing",
+    )
+    max_tasks: int | None = _field(
+        None,
+        "draw this stage's tasks from the first N training tasks only (their difficulty estimate "
+        "too, which samples every task it covers); None: all of them. The supervised stages "
+        "train on every task either way",
     )
     difficulty_chunk: int = _field(
         0,

@@ -85,6 +85,11 @@ def _tasks(cfg: Any, which: str) -> list:
     return tasks[: cfg.eval.max_tasks] if cfg.eval.max_tasks else tasks
 
 
+def _rl_tasks(cfg: Any, stage: str) -> list:
+    """The training tasks an RL stage draws from: the first ``max_tasks`` of them, or all."""
+    return _tasks(cfg, "train")[: getattr(cfg, stage).max_tasks]
+
+
 def _bird_eval_suite(cfg: Any) -> str | None:
     """``data.bird_eval_suite``; ``auto``: bird-mini-eval when training sees BIRD questions."""
     from birdenv.bird import BIRD_SUITES
@@ -235,7 +240,7 @@ def run_stage(cfg: Any, stage: str, model_path: str, run_dir: Path) -> str:
         from birdtrain.data.difficulty import filter_tasks
         from birdtrain.stages import agentic, grpo
 
-        tasks = _tasks(cfg, "train")
+        tasks = _rl_tasks(cfg, stage)
         if getattr(cfg, stage).difficulty_filter:
             # Its sampling engine (vLLM on a GPU) is not freed in-process: a process of its own,
             # so the stage's own engine starts on a clean GPU.
@@ -268,7 +273,7 @@ def estimate_difficulty(
 
     run_dir = prepare_run(cfg)
     model_path = model_path or start_checkpoint(cfg, run_dir, stage)
-    tasks = _tasks(cfg, "train")
+    tasks = _rl_tasks(cfg, stage)
     record = estimate_pass_rates(cfg, stage, model_path, tasks, run_dir)
     rates = record["tasks"]
     return record, [t for t in tasks if 0 < rates[t.instance_id]["p"] < 1]

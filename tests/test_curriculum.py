@@ -309,6 +309,24 @@ def test_difficulty_is_a_command_and_reused(tmp_path: Path, capsys) -> None:
     written = record_path.stat().st_mtime_ns
     assert main([*argv, "--model", "oracle", "stage4.difficulty_samples=2"]) == 0
     assert record_path.stat().st_mtime_ns == written
+    # An RL stage drawing from the first 3 training tasks estimates those 3, and anew.
+    assert (
+        main([*argv, "--model", "oracle", "stage4.difficulty_samples=2", "stage4.max_tasks=3"]) == 0
+    )
+    assert len(json.loads(record_path.read_text())["tasks"]) == 3
+    assert "0 of 3 tasks have 0 < p < 1 under oracle" in capsys.readouterr().out
+    assert main([*argv, "stage4.max_tasks=0"]) == 2
+    assert "stage4.max_tasks must be >= 1" in capsys.readouterr().err
+
+
+def test_an_rl_stage_draws_from_its_max_tasks(tmp_path: Path, capsys) -> None:
+    """stage4.max_tasks=1 hands stage 4 one of the smoke run's 4 training tasks: fewer than a step
+    of 2 needs, which the stage refuses, naming the counts."""
+    argv = ["curriculum", "--preset", "smoke", "--output-dir", str(tmp_path), "eval.enabled=false"]
+    argv += ["stage1.enabled=false", "stage2.enabled=false", "stage3.enabled=false"]
+    assert main([*argv, "stage4.max_tasks=1"]) == 2
+    assert "1 training task(s) left but stage4.tasks_per_step=2" in capsys.readouterr().err
+    assert not (tmp_path / "smoke" / "stage4" / "DONE").exists()
 
 
 def test_an_interrupted_difficulty_estimate_samples_only_its_missing_parts(tmp_path: Path) -> None:
