@@ -383,6 +383,9 @@ def run_curriculum(cfg: Any) -> dict[str, Any]:
     base = resolve_model(cfg.model.name_or_path)
     results: dict[str, Any] = {"run_dir": str(run_dir), "mixture": cfg.data.mixture}
     results["before"] = _evaluate(cfg, base, run_dir, "before") if cfg.eval.before else None
+    # The label each policy was evaluated under: a stage that trains nothing (disabled) hands on
+    # the policy it was given, whose evaluation is then reused rather than run again.
+    evaluated = {base: "before"} if cfg.eval.before else {}
     model_path = start_checkpoint(cfg, run_dir, "stage1")
     for stage in STAGES:
         if (run_dir / stage / "DONE").is_file() or not getattr(cfg, stage).enabled:
@@ -391,7 +394,14 @@ def run_curriculum(cfg: Any) -> dict[str, Any]:
             model_path = _isolated(cfg, run_dir, stage, run_stage, cfg, stage, model_path, run_dir)
         if stage in cfg.eval.after:
             label = f"after_{stage}"
-            results[label] = _evaluate(cfg, model_path, run_dir, label)
+            if model_path in evaluated:
+                print(
+                    f"[eval {label}] the policy of {evaluated[model_path]}: its evaluation reused"
+                )
+                results[label] = results[evaluated[model_path]]
+            else:
+                results[label] = _evaluate(cfg, model_path, run_dir, label)
+                evaluated[model_path] = label
     # "after": the evaluation of the final model, when eval.after asks for one.
     results["after"] = results.get(f"after_{STAGES[-1]}")
     results["report"] = str(write_report(run_dir))

@@ -87,6 +87,22 @@ def test_evaluations_follow_eval_before_and_after(tmp_path: Path, capsys) -> Non
     assert "<code>after_stage1</code>" in (run / "report" / "report.html").read_text()
 
 
+def test_an_evaluation_after_a_stage_that_trained_nothing_is_reused(tmp_path: Path, capsys) -> None:
+    """A disabled stage hands on the policy it was given: the evaluation after it is the one
+    already made of that policy, not a second run of the same checkpoint."""
+    stages_off = [f"stage{i}.enabled=false" for i in range(2, 5)]
+    argv = ["curriculum", "--preset", "smoke", "--output-dir", str(tmp_path), *stages_off]
+    assert main([*argv, "eval.before=false", "eval.after=[stage1, stage2, stage4]"]) == 0
+    run = tmp_path / "smoke"
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["after_stage1"]
+    results = json.loads((run / "summary.json").read_text())
+    assert results["after_stage1"]["label"] == "after_stage1"
+    assert results["after_stage2"] == results["after_stage1"] == results["after"]
+    out = capsys.readouterr().out
+    for stage in ("stage2", "stage4"):
+        assert f"[eval after_{stage}] the policy of after_stage1: its evaluation reused" in out
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("runs")
