@@ -17,9 +17,16 @@ from typing import Any
 
 from birdtrain import require
 from birdtrain.config import STAGES
+from birdtrain.sampling import read_groups
 from birdtrain.trajectory_store import TrajectoryStore
 
-__all__ = ["evaluations_table", "metrics_side_by_side", "reward_trend_table", "write_report"]
+__all__ = [
+    "evaluations_table",
+    "metrics_side_by_side",
+    "reward_trend_table",
+    "reward_trend_within_tasks_table",
+    "write_report",
+]
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #222; }
@@ -204,19 +211,49 @@ def reward_trend_table(metrics: dict[str, list[dict[str, Any]]]) -> list[list[An
         trend = reward_trend(steps)
         if trend is None:
             continue
-        low, high = trend["ci95"]
-        verdict = "rose" if low > 0 else "fell" if high < 0 else "within noise"
         rows.append(
             [
                 stage,
                 len(steps),
                 f"{trend['first']:.3f}",
                 f"{trend['last']:.3f}",
-                f"{trend['difference']:+.3f} [{low:+.3f}, {high:+.3f}]",
-                verdict,
+                *_difference(trend),
             ]
         )
     return rows
+
+
+def reward_trend_within_tasks_table(
+    groups: dict[str, list[tuple[int, str, float]]],
+) -> list[list[Any]]:
+    """One row per RL stage with recorded groups (its ``groups.jsonl``): the trend compared task
+    by task (:func:`birdtrain.stats.reward_trend_within_tasks`), so that which tasks each third
+    happened to draw does not count as a change."""
+    from birdtrain.stats import reward_trend_within_tasks
+
+    rows = []
+    for stage in ("stage3", "stage4"):
+        trend = reward_trend_within_tasks(groups.get(stage, []))
+        if trend is None:
+            continue
+        n_first, n_last = trend["groups"]
+        rows.append(
+            [
+                stage,
+                len({s for s, _, _ in groups[stage]}),
+                trend["tasks"],
+                f"{n_first} / {n_last}",
+                *_difference(trend),
+            ]
+        )
+    return rows
+
+
+def _difference(trend: dict[str, Any]) -> list[str]:
+    """A trend's difference with its interval, and whether it rose or fell beyond the noise."""
+    low, high = trend["ci95"]
+    verdict = "rose" if low > 0 else "fell" if high < 0 else "within noise"
+    return [f"{trend['difference']:+.3f} [{low:+.3f}, {high:+.3f}]", verdict]
 
 
 def _img(path: Path | str | None) -> str:
@@ -243,6 +280,9 @@ def write_report(run_dir: str | Path) -> Path:
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     metrics = {stage: _metrics(run_dir, stage) for stage in STAGES}
+    groups = {
+        stage: read_groups(run_dir / stage / "groups.jsonl") for stage in ("stage3", "stage4")
+    }
     store = TrajectoryStore(run_dir)
     figures: dict[str, Path | None] = {}
 
@@ -381,6 +421,21 @@ the steps against the first; the interval is over task groups.</p>{
         _table(
             ["stage", "steps", "first third", "last third", "difference [95 % CI]", "trend"],
             reward_trend_table(metrics),
+        )
+    }
+<p>The same compared task by task (each step's draw as recorded in the stage's
+<code>groups.jsonl</code>): each task drawn in both thirds against itself, weighted by its groups;
+the interval is over the groups' spread around their task's mean.</p>{
+        _table(
+            [
+                "stage",
+                "steps",
+                "tasks in both thirds",
+                "groups first / last",
+                "difference [95 % CI]",
+                "trend",
+            ],
+            reward_trend_within_tasks_table(groups),
         )
     }
 <h2>Trajectories</h2><div class="grid">{_img(figures["tools"])}{_img(figures["turns"])}</div>

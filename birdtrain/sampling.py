@@ -26,11 +26,13 @@ The batch keeps its size: when the rounds run out, the first zero-variance group
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Group", "SamplingStats", "dynamic_sample"]
+__all__ = ["Group", "SamplingStats", "dynamic_sample", "read_groups", "record_groups"]
 
 
 @dataclasses.dataclass
@@ -72,7 +74,9 @@ class SamplingStats:
     ``reward_before_sq`` the mean of their squares. The first round is the step's own draw, before
     any group is dropped, so its reward measures the policy (the trained batch over-represents
     tasks it solves sometimes); the squares give the spread between groups, the noise a reward
-    trend is judged against (:func:`birdtrain.stats.reward_trend`).
+    trend is judged against (:func:`birdtrain.stats.reward_trend`). ``first_round`` holds each
+    of those groups as ``(task_id, mean reward)``, for a trend compared task by task
+    (:func:`record_groups`, :func:`birdtrain.stats.reward_trend_within_tasks`).
     """
 
     groups: int
@@ -83,6 +87,7 @@ class SamplingStats:
     rounds: int
     reward_before: float = 0.0
     reward_before_sq: float = 0.0
+    first_round: list[tuple[str, float]] = dataclasses.field(default_factory=list)
 
     def metrics(self, prefix: str) -> dict[str, float]:
         """The figures as ``metrics.jsonl`` names (``{prefix}/frac_reward_zero_std_before`` ...)."""
@@ -140,7 +145,8 @@ def dynamic_sample(
         kept += [g for g in groups if not g.zero_std]
         spare += [g for g in groups if g.zero_std]
     batch = kept[:wanted] + spare[: max(wanted - len(kept), 0)]
-    means = [m for m in (g.mean_reward for g in first) if m is not None]
+    scored = [(g.task_id, g.mean_reward) for g in first if g.mean_reward is not None]
+    means = [m for _, m in scored]
     stats = SamplingStats(
         groups=wanted,
         zero_std_before=sum(g.zero_std for g in first) / max(len(first), 1),
@@ -150,5 +156,43 @@ def dynamic_sample(
         rounds=rounds,
         reward_before=sum(means) / len(means) if means else 0.0,
         reward_before_sq=sum(m * m for m in means) / len(means) if means else 0.0,
+        first_round=scored,
     )
     return batch, stats
+
+
+def record_groups(path: Path, step: int, stats: SamplingStats) -> None:
+    """Append a step's own draw to ``path`` (a stage's ``groups.jsonl``), one line a group:
+    ``{"step", "group", "task_id", "reward"}`` (its place in the draw, its mean reward)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(
+            json.dumps({"step": step, "group": i, "task_id": t, "reward": r}) + "\n"
+            for i, (t, r) in enumerate(stats.first_round)
+        )
+
+
+def read_groups(path: Path) -> list[tuple[int, str, float]]:
+    """The ``(step, task_id, reward)`` groups :func:`record_groups` wrote (empty without the file).
+
+    A run resumed from a checkpoint redoes the steps after it and writes them again: a draw of a
+    step at or below one already read discards every group from that step on, so each step keeps
+    the draw of the run that went on.
+
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "groups.jsonl"
+    >>> for step, task in [(1, "a"), (2, "b"), (3, "c"), (2, "d"), (3, "e"), (3, "f")]:
+    ...     record_groups(path, step, SamplingStats(1, 0, 0, 0, 4, 0, first_round=[(task, 0.5)]))
+    >>> read_groups(path)
+    [(1, 'a', 0.5), (2, 'd', 0.5), (3, 'f', 0.5)]
+    """
+    if not Path(path).exists():
+        return []
+    groups: list[tuple[int, str, float]] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            step = int(row["step"])
+            if row["group"] == 0 and groups and step <= groups[-1][0]:
+                groups = [g for g in groups if g[0] < step]
+            groups.append((step, str(row["task_id"]), float(row["reward"])))
+    return groups

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["pass_at_k", "reward_trend", "wilson_interval"]
+__all__ = ["pass_at_k", "reward_trend", "reward_trend_within_tasks", "wilson_interval"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -89,5 +89,69 @@ def reward_trend(
         "difference": difference,
         "ci95": [difference - margin, difference + margin],
         "groups": [n_first, n_last],
+        "steps_per_third": k,
+    }
+
+
+def reward_trend_within_tasks(
+    groups: list[tuple[int, str, float]], z: float = 1.96
+) -> dict[str, float | int | list[float]] | None:
+    """The reward trend of an RL stage compared task by task: :func:`reward_trend` without the
+    spread between tasks.
+
+    ``groups`` are ``(step, task_id, mean_reward)``, one for each group of each step's own draw
+    (the stage's ``groups.jsonl``). The steps are split into thirds as in :func:`reward_trend`.
+    A task drawn in both the first and the last third contributes the difference of its mean
+    group reward between them; the difference reported is their average weighted by
+    ``n_first * n_last / (n_first + n_last)`` (a stratified comparison: each task is compared
+    with itself, so which tasks a third happened to draw no longer counts as a change). Its
+    interval uses the spread of group rewards around their task's mean within a third, pooled
+    over the tasks. ``first`` and ``last`` are the plain means of the two thirds. ``None`` with
+    fewer than two steps, or when no task is in both thirds.
+
+    >>> g = [(1, "a", 0.0), (1, "b", 1.0), (2, "a", 0.5), (3, "a", 0.5), (3, "c", 1.0),
+    ...      (4, "a", 1.0), (4, "b", 1.0), (5, "a", 0.75), (6, "b", 1.0), (6, "a", 1.0)]
+    >>> t = reward_trend_within_tasks(g)
+    >>> t["tasks"], t["groups"], round(t["difference"], 3)
+    (2, [3, 3], 0.417)
+    >>> round(t["first"], 3), round(t["last"], 3), [round(x, 3) for x in t["ci95"]]
+    (0.5, 0.917, [-0.031, 0.864])
+    """
+    steps = sorted({s for s, _, _ in groups})
+    if len(steps) < 2:
+        return None
+    k = max(1, len(steps) // 3)
+    thirds = (set(steps[:k]), set(steps[-k:]))
+    cells: list[dict[str, list[float]]] = [{}, {}]
+    for step, task, reward in groups:
+        for cell, third in zip(cells, thirds, strict=True):
+            if step in third:
+                cell.setdefault(task, []).append(reward)
+    first, last = cells
+    shared = sorted(first.keys() & last.keys())
+    if not shared:
+        return None
+    # Spread of a group's reward around its task's mean in that third, pooled over every cell.
+    squares = sum((r - sum(c) / len(c)) ** 2 for cell in cells for c in cell.values() for r in c)
+    freedom = sum(len(c) - 1 for cell in cells for c in cell.values())
+    variance = squares / freedom if freedom > 0 else 0.0
+    weights = {t: len(first[t]) * len(last[t]) / (len(first[t]) + len(last[t])) for t in shared}
+    total = sum(weights.values())
+    difference = (
+        sum(
+            w * (sum(last[t]) / len(last[t]) - sum(first[t]) / len(first[t]))
+            for t, w in weights.items()
+        )
+        / total
+    )
+    # Var(mean_last - mean_first) of a task is variance / weight; the weighted mean's is 1/total.
+    margin = z * math.sqrt(variance / total)
+    return {
+        "first": sum(r for c in first.values() for r in c) / sum(len(c) for c in first.values()),
+        "last": sum(r for c in last.values() for r in c) / sum(len(c) for c in last.values()),
+        "difference": difference,
+        "ci95": [difference - margin, difference + margin],
+        "tasks": len(shared),
+        "groups": [sum(len(first[t]) for t in shared), sum(len(last[t]) for t in shared)],
         "steps_per_third": k,
     }

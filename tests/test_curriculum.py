@@ -17,6 +17,7 @@ from birdenv.schema import PromptOptions
 from birdtrain.cli import main
 from birdtrain.config import load_config
 from birdtrain.prompts import recorded_prompt
+from birdtrain.sampling import read_groups
 
 
 def test_config_layers_and_errors(tmp_path: Path) -> None:
@@ -156,6 +157,12 @@ def test_smoke_curriculum_runs_all_four_stages(smoke_run: Path) -> None:
     # Stage 2 taught the call format: stage 4's sampled rollouts make tool calls that parse.
     assert max(m["agentic/tool_calls_per_traj"] for m in steps) > 0, steps
     assert min(m["agentic/invalid_call_rate"] for m in steps) < 1, steps
+    # Each step's own draw is recorded group by group, as the step's metrics average it.
+    groups = read_groups(smoke_run / "stage4" / "groups.jsonl")
+    for m in steps:
+        draw = [r for step, _, r in groups if step == m["step"]]
+        assert 0 < len(draw) <= m["sampling/groups"]
+        assert sum(draw) / len(draw) == pytest.approx(m["sampling/reward_before"])
     summary = json.loads((smoke_run / "summary.json").read_text())
     assert {"before", "after_stage2", "after"} <= set(summary)
     assert (smoke_run / "data" / "stage1.jsonl").stat().st_size > 0

@@ -9,7 +9,9 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="the report is in the train extra")
 
-from birdtrain.report import reward_trend_table, write_report
+from birdtrain.report import reward_trend_table, reward_trend_within_tasks_table, write_report
+from birdtrain.sampling import SamplingStats, read_groups, record_groups
+from birdtrain.stats import reward_trend_within_tasks
 
 
 def _steps(rewards: list[float], spread: float = 0.01) -> list[dict[str, float]]:
@@ -84,3 +86,30 @@ def test_an_all_zero_chart_is_said_in_words(tmp_path: Path) -> None:
     html = write_report(run).read_text()
     assert not (run / "report" / "reward.png").exists()
     assert "reward per step (stages 3-4): every value is 0 (4 points of stage4 reward)." in html
+
+
+def test_a_trend_compared_task_by_task_sees_through_the_draw(tmp_path: Path) -> None:
+    """Both tasks' rewards rise by 0.2, but the first third drew mostly the easy task and the last
+    mostly the hard one: the thirds' plain means fall (0.45 to 0.35), the task-by-task comparison
+    rises beyond its noise."""
+    run = _run(tmp_path, [0.5] * 6)
+    wobble = [0.02, -0.02, 0.0]
+    for step in range(1, 7):
+        late = step > 3
+        tasks = ["easy"] * 3 + ["hard"] if not late else ["hard"] * 3 + ["easy"]
+        means = {"easy": 0.8 if late else 0.6, "hard": 0.2 if late else 0.0}
+        draw = [(t, means[t] + wobble[(step + i) % 3]) for i, t in enumerate(tasks)]
+        record_groups(
+            run / "stage4" / "groups.jsonl",
+            step,
+            SamplingStats(4, 0, 0, 0, 16, 0, first_round=draw),
+        )
+    (row,) = reward_trend_within_tasks_table(
+        {"stage4": read_groups(run / "stage4" / "groups.jsonl")}
+    )
+    assert row[:4] == ["stage4", 6, 2, "8 / 8"] and row[-1] == "rose"
+    assert row[4].startswith("+0.2")
+    trend = reward_trend_within_tasks(read_groups(run / "stage4" / "groups.jsonl"))
+    assert trend is not None and trend["last"] < trend["first"]
+    html = write_report(run).read_text()
+    assert f"<code>{row[4]}</code></td><td><code>rose</code>" in html

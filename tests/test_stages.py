@@ -18,6 +18,7 @@ from birdenv.envs.critic import BirdCriticEnv
 from birdenv.tasks import Task, load_tasks
 from birdenv.tools import TOOL_SCHEMAS, has_tool_call
 from birdtrain.config import CurriculumConfig, load_config
+from birdtrain.sampling import read_groups
 from tests.conftest import SHOP_TASKS, build_shop
 
 pytest.importorskip("trl", reason="TRL is in the train extra")
@@ -610,6 +611,12 @@ def test_stage1_then_stage3_end_to_end(shop: list[Task], tiny: str, tmp_path: Pa
         assert {"loss", "learning_rate", "reward_mean", "reward_std", "pass_rate", "kl"} <= set(m)
         assert 0.0 <= m["pass_rate"] <= 1.0
         assert "rewards/format_reward/mean" in m
+        # groups.jsonl holds the step's own draw, group by group, as metrics.jsonl averages it.
+        draw = [
+            r for step, _, r in read_groups(tmp_path / "s3" / "groups.jsonl") if step == m["step"]
+        ]
+        assert len(draw) == m["sampling/groups"] == cfg.stage3.prompts_per_step
+        assert sum(draw) / len(draw) == pytest.approx(m["sampling/reward_before"])
     assert not any(p.name not in {"s1", "s3"} for p in tmp_path.iterdir())
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from birdenv.tasks import Task, load_tasks
 from birdtrain import rollout
-from birdtrain.sampling import Group, dynamic_sample
+from birdtrain.sampling import Group, dynamic_sample, record_groups
 from birdtrain.stages import (
     Precision,
     check_batches,
@@ -120,6 +120,7 @@ def make_rollout_func(
     *,
     pool: Sequence[str] | None = None,
     seed: int = 0,
+    groups_path: Path | None = None,
 ) -> Any:
     """TRL's ``rollout_func(prompts, trainer)`` collecting multi-turn rollouts in ``envs``.
 
@@ -132,7 +133,8 @@ def make_rollout_func(
     model as the actor (scripted baselines, tests); by default the trainer's model generates (vLLM
     when ``stage.use_vllm``). With a ``store`` (a
     :class:`~birdtrain.trajectory_store.TrajectoryStore`) every rollout is appended to it, one row per
-    turn, replaced groups included.
+    turn, replaced groups included. With ``groups_path`` each step's own draw is appended there
+    (:func:`birdtrain.sampling.record_groups`).
     """
     rng = random.Random(seed)
 
@@ -171,6 +173,8 @@ def make_rollout_func(
             max_rounds=stage.dynamic_sampling_rounds,
             rng=rng,
         )
+        if groups_path is not None:
+            record_groups(groups_path, trainer.state.global_step + 1, stats)
         eos = trainer.processing_class.eos_token_id
         out: dict[str, list[Any]] = {
             "prompt_ids": [],
@@ -334,6 +338,7 @@ def build_trainer(
             categories={t.instance_id: t.category for t in tasks},
             pool=[t.instance_id for t in tasks],
             seed=cfg.seed,
+            groups_path=Path(out_dir) / "groups.jsonl",
         ),
     )
 

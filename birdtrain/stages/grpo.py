@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from birdtrain.sampling import Group, dynamic_sample
+from birdtrain.sampling import Group, dynamic_sample, record_groups
 from birdtrain.stages import (
     Precision,
     finish_stage,
@@ -107,13 +107,20 @@ def build_dataset(
 
 
 def make_rollout_func(
-    tasks: Sequence[Any], stage: Any, *, prompt: Any = None, seed: int = 0, policy: Any = None
+    tasks: Sequence[Any],
+    stage: Any,
+    *,
+    prompt: Any = None,
+    seed: int = 0,
+    policy: Any = None,
+    groups_path: Path | None = None,
 ) -> Any:
     """TRL's ``rollout_func(prompts, trainer)`` for stage 3: sample, score, resample.
 
     ``tasks`` are the tasks the dataset names and replacements are drawn from. ``policy(trainer)
     -> Policy`` replaces the trained model as the sampler (tests); by default the trainer's model
-    samples (vLLM when ``stage.use_vllm``).
+    samples (vLLM when ``stage.use_vllm``). With ``groups_path`` each step's own draw is appended
+    there (:func:`birdtrain.sampling.record_groups`).
     """
     from birdtrain.rewards import format_reward, score_text
 
@@ -155,6 +162,8 @@ def make_rollout_func(
         batch, stats = dynamic_sample(
             task_ids, generate, pool=list(by_id), max_rounds=stage.dynamic_sampling_rounds, rng=rng
         )
+        if groups_path is not None:
+            record_groups(groups_path, trainer.state.global_step + 1, stats)
         eos = tokenizer.eos_token_id
         rows = [item for g in batch for item in g.items]
         return {
@@ -242,6 +251,7 @@ def build_trainer(
             prompt=cfg.prompt.options(),
             seed=cfg.seed,
             policy=policy,
+            groups_path=Path(out_dir) / "groups.jsonl",
         ),
     )
 
