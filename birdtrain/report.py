@@ -20,6 +20,9 @@ from birdtrain.config import STAGES
 from birdtrain.sampling import read_groups
 from birdtrain.trajectory_store import TrajectoryStore
 
+#: The stages whose reward the report follows step by step (the GRPO stages).
+RL_STAGES = ("stage3", "stage4")
+
 __all__ = [
     "evaluations_table",
     "metrics_side_by_side",
@@ -202,7 +205,7 @@ def reward_trend_table(metrics: dict[str, list[dict[str, Any]]]) -> list[list[An
     from birdtrain.stats import reward_trend
 
     rows = []
-    for stage in ("stage3", "stage4"):
+    for stage in RL_STAGES:
         steps = [
             (m["sampling/reward_before"], m["sampling/reward_before_sq"], int(m["sampling/groups"]))
             for m in metrics.get(stage, [])
@@ -232,7 +235,7 @@ def reward_trend_within_tasks_table(
     from birdtrain.stats import reward_trend_within_tasks
 
     rows = []
-    for stage in ("stage3", "stage4"):
+    for stage in RL_STAGES:
         trend = reward_trend_within_tasks(groups.get(stage, []))
         if trend is None:
             continue
@@ -280,9 +283,7 @@ def write_report(run_dir: str | Path) -> Path:
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     metrics = {stage: _metrics(run_dir, stage) for stage in STAGES}
-    groups = {
-        stage: read_groups(run_dir / stage / "groups.jsonl") for stage in ("stage3", "stage4")
-    }
+    groups = {stage: read_groups(run_dir / stage / "groups.jsonl") for stage in RL_STAGES}
     store = TrajectoryStore(run_dir)
     figures: dict[str, Path | None] = {}
 
@@ -299,16 +300,13 @@ def write_report(run_dir: str | Path) -> Path:
     figures["reward"] = _lines(
         out / "reward.png",
         "reward per step (stages 3-4)",
-        [
-            (f"{s} reward", *_series(metrics[s], "reward_mean", "reward"))
-            for s in ("stage3", "stage4")
-        ],
+        [(f"{s} reward", *_series(metrics[s], "reward_mean", "reward")) for s in RL_STAGES],
         smooth=True,
     )
     figures["pass_rate"] = _lines(
         out / "pass_rate.png",
         "pass rate per step (stages 3-4)",
-        [(f"{s} pass rate", *_series(metrics[s], "pass_rate")) for s in ("stage3", "stage4")],
+        [(f"{s} pass rate", *_series(metrics[s], "pass_rate")) for s in RL_STAGES],
         smooth=True,
     )
     figures["zero_std"] = _lines(
@@ -316,7 +314,7 @@ def write_report(run_dir: str | Path) -> Path:
         "groups with zero reward variance (no advantage), per step",
         [
             (f"{s} {when}", *_series(metrics[s], key))
-            for s in ("stage3", "stage4")
+            for s in RL_STAGES
             for when, key in (
                 ("sampled", "sampling/frac_reward_zero_std_before"),
                 ("trained on", "frac_reward_zero_std"),

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["pass_at_k", "reward_trend", "reward_trend_within_tasks", "wilson_interval"]
+__all__ = [
+    "pass_at_k",
+    "reward_trend",
+    "reward_trend_within_tasks",
+    "steps_per_third",
+    "wilson_interval",
+]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -50,6 +56,15 @@ def wilson_interval(successes: int | float, n: int, z: float = 1.96) -> tuple[fl
     return low, high
 
 
+def steps_per_third(steps: int) -> int:
+    """How many steps each of a trend's first and last thirds holds (at least one).
+
+    >>> steps_per_third(26), steps_per_third(2)
+    (8, 1)
+    """
+    return max(1, steps // 3)
+
+
 def reward_trend(
     steps: list[tuple[float, float, int]], z: float = 1.96
 ) -> dict[str, float | int | list[float]] | None:
@@ -70,7 +85,7 @@ def reward_trend(
     """
     if len(steps) < 2:
         return None
-    k = max(1, len(steps) // 3)
+    k = steps_per_third(len(steps))
 
     def pooled(part: list[tuple[float, float, int]]) -> tuple[float, float, int]:
         n = sum(g for *_, g in part)
@@ -120,7 +135,7 @@ def reward_trend_within_tasks(
     steps = sorted({s for s, _, _ in groups})
     if len(steps) < 2:
         return None
-    k = max(1, len(steps) // 3)
+    k = steps_per_third(len(steps))
     thirds = (set(steps[:k]), set(steps[-k:]))
     cells: list[dict[str, list[float]]] = [{}, {}]
     for step, task, reward in groups:
