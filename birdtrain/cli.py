@@ -7,6 +7,7 @@
                    [--suite S | --tasks T --db-dir D] ...
     birdtrain mixture (--preset NAME | --config FILE) [key=value ...]
     birdtrain difficulty (--preset NAME | --config FILE) [--stage stage3|stage4] [--model PATH]
+    birdtrain compare EVAL_A EVAL_B [--json]
     birdtrain report RUN_DIR
     birdtrain trajectories RUN_DIR --task ID | --sql QUERY
 
@@ -156,6 +157,27 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         ).engine_options(),
     )
     print(summary["table"])
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from birdtrain.evaluate import compare_evaluations
+
+    result = compare_evaluations(args.a, args.b)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    (label_a, label_b), (k_a, k_b) = result["labels"], result["samples"]
+    low, high = result["ci95"]
+    print(f"{label_a} ({k_a} samples a task): {100 * result['a']:.1f}%")
+    print(f"{label_b} ({k_b} samples a task): {100 * result['b']:.1f}%")
+    print(
+        f"difference {100 * result['difference']:+.1f} points, 95 % interval "
+        f"{100 * low:+.1f} to {100 * high:+.1f} (bootstrap over {result['tasks']} shared tasks); "
+        f"{result['improved']} tasks rose, {result['worsened']} fell"
+    )
+    if result["only_a"] or result["only_b"]:
+        print(f"left out: {result['only_a']} tasks only in A, {result['only_b']} only in B")
     return 0
 
 
@@ -312,6 +334,14 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     ev.set_defaults(func=_cmd_eval)
 
+    compare = commands.add_parser(
+        "compare",
+        help="compare two evaluations task by task: B's rate minus A's, with a paired interval",
+    )
+    compare.add_argument("a", help="the --out folder of the first evaluation (the baseline)")
+    compare.add_argument("b", help="the --out folder of the second evaluation")
+    compare.add_argument("--json", action="store_true", help="print the figures as JSON")
+    compare.set_defaults(func=_cmd_compare)
     report = commands.add_parser("report", help="write RUN_DIR/report/report.html")
     report.add_argument("run_dir")
     report.set_defaults(func=_cmd_report)

@@ -48,9 +48,11 @@ from birdtrain.trajectory_store import TrajectoryStore, episode_rows
 __all__ = [
     "PAPER_BIRD_RESULTS",
     "PAPER_RESULTS",
+    "compare_evaluations",
     "describe_outcomes",
     "evaluate_policy",
     "policy_label",
+    "read_verdicts",
 ]
 
 #: Success Rates on BIRD-CRITIC-SQLite (500 tasks) reported by the BIRD-RL paper.
@@ -409,6 +411,55 @@ def _write_files(
             for e in firsts
         }
         (out_dir / "predict.json").write_text(json.dumps(official, indent=2))
+
+
+def read_verdicts(out_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of an evaluation's ``verdicts.jsonl`` (one per sample of each task).
+
+    Raises ``ValueError`` naming the file and line when it is missing or a row is broken.
+    """
+    path = Path(out_dir) / "verdicts.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file; give the --out folder of a `birdtrain eval`")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            row = json.loads(line)
+            if not isinstance(row["instance_id"], str) or row["status"] not in (
+                "success",
+                "failed",
+            ):
+                raise ValueError("instance_id or status has the wrong type")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}:{number}: not a verdict row ({exc})") from None
+        rows.append(row)
+    return rows
+
+
+def compare_evaluations(a_dir: str | Path, b_dir: str | Path) -> dict[str, Any]:
+    """Evaluation ``b_dir`` against evaluation ``a_dir``, task by task, on the tasks both hold.
+
+    Returns :func:`birdtrain.stats.paired_difference` of their samples' outcomes (every sample,
+    not only the first), with each side's ``labels`` and ``samples`` per task from their
+    summaries. Use it to ask whether training changed a policy: evaluate both checkpoints on the
+    same tasks, with several samples at a temperature when the tasks are few.
+    """
+    from birdtrain.stats import paired_difference
+
+    outcomes: list[dict[str, list[bool]]] = []
+    labels, samples = [], []
+    for out_dir in (a_dir, b_dir):
+        by_task: dict[str, list[bool]] = defaultdict(list)
+        for row in read_verdicts(out_dir):
+            by_task[row["instance_id"]].append(row["status"] == "success")
+        outcomes.append(dict(by_task))
+        summary_path = Path(out_dir) / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        labels.append(summary.get("label", Path(out_dir).name))
+        samples.append(max(len(v) for v in by_task.values()) if by_task else 0)
+    result = paired_difference(outcomes[0], outcomes[1])
+    result.update(labels=labels, samples=samples)
+    return result
 
 
 def _table(label: str, summary: dict[str, Any], suite: str) -> str:

@@ -132,6 +132,31 @@ def test_outcomes_say_how_the_episodes_ended(tmp_path: Path, capsys) -> None:
     assert summary["outcomes"]["unparsed_turns"] == summary["outcomes"]["turns"] == 4
 
 
+def test_compare_two_evaluations_task_by_task(tmp_path: Path, capsys) -> None:
+    """``birdtrain compare`` pairs two evaluations by task: the oracle beats the echo on every
+    shared task, an evaluation equals itself, and tasks only one side holds are left out."""
+    argv = ["eval", "--suite", "critic-mini", "--num-envs", "2"]
+    assert main([*argv, "--policy", "echo", "--limit", "4", "--out", str(tmp_path / "e")]) == 0
+    assert main([*argv, "--policy", "oracle", "--limit", "6", "--out", str(tmp_path / "o")]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "e"), str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "echo (1 samples a task): 0.0%" in out and "oracle (1 samples a task): 100.0%" in out
+    assert "difference +100.0 points, 95 % interval +100.0 to +100.0" in out
+    assert "4 tasks rose, 0 fell" in out and "left out: 0 tasks only in A, 2 only in B" in out
+    assert main(["compare", str(tmp_path / "o"), str(tmp_path / "o"), "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert same["tasks"] == 6 and same["difference"] == 0.0 and same["ci95"] == [0.0, 0.0]
+    assert same["labels"] == ["oracle", "oracle"] and same["improved"] == same["worsened"] == 0
+    # A broken verdict row is named by file and line; nothing is compared.
+    rows = (tmp_path / "e" / "verdicts.jsonl").read_text().splitlines()
+    (tmp_path / "e" / "verdicts.jsonl").write_text("\n".join([rows[0], "{oops", *rows[1:]]))
+    assert main(["compare", str(tmp_path / "e"), str(tmp_path / "o")]) == 2
+    assert "verdicts.jsonl:2: not a verdict row" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "missing"), str(tmp_path / "o")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
 # -- BIRD questions: execution accuracy --------------------------------------------------------
 @pytest.mark.parametrize(
     ("policy", "expected"), [("oracle", 100.0), ("echo", 0.0), ("scripted", 100.0)]

@@ -41,7 +41,7 @@ def estimate_pass_rates(
     and tasks; otherwise samples (:func:`birdtrain.evaluate.evaluate_policy` with ``n`` samples
     per task, its files under ``run_dir/difficulty/<stage>/``) and writes it.
     """
-    from birdtrain.evaluate import evaluate_policy
+    from birdtrain.evaluate import evaluate_policy, read_verdicts
     from birdtrain.stages import sampling_dtype
 
     s = getattr(cfg, stage)
@@ -90,7 +90,7 @@ def estimate_pass_rates(
                     engine_options=cfg.eval.engine_options(),
                     dtype=sampling_dtype(cfg.model),
                 )
-                rows = _verdicts(out_dir)
+                rows = read_verdicts(out_dir)
             for row in rows:
                 passed[row["instance_id"]] += row["status"] == "success"
     record = {
@@ -105,10 +105,6 @@ def estimate_pass_rates(
     return record
 
 
-def _verdicts(out_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out_dir / "verdicts.jsonl").read_text().splitlines()]
-
-
 def _finished_part(
     out_dir: Path, model: str, samples: int, tasks: Sequence[Any]
 ) -> list[dict[str, Any]] | None:
@@ -117,10 +113,12 @@ def _finished_part(
     summary_path = out_dir / "summary.json"
     if not summary_path.is_file():  # written last: its presence marks a finished part
         return None
+    from birdtrain.evaluate import read_verdicts
+
     summary = json.loads(summary_path.read_text())
     if summary.get("policy") != model or summary.get("samples") != samples:
         return None
-    rows = _verdicts(out_dir)
+    rows = read_verdicts(out_dir)
     expected = sorted(t.instance_id for t in tasks for _ in range(samples))
     return rows if sorted(r["instance_id"] for r in rows) == expected else None
 
