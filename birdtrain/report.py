@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import html
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from birdtrain.trajectory_store import TrajectoryStore
 RL_STAGES = ("stage3", "stage4")
 
 __all__ = [
+    "evaluation_changes_table",
     "evaluations_table",
     "metrics_side_by_side",
     "reward_trend_table",
@@ -162,8 +164,7 @@ def metrics_side_by_side(summaries: dict[str, dict[str, Any]]) -> list[list[Any]
             row[3], row[4] = rate, where
         else:
             row[1], row[2] = rate, where
-    order = {"before": 0, "after_stage2": 1, "after_stage4": 2}
-    return sorted(rows.values(), key=lambda r: (order.get(r[0], 3), r[0]))
+    return sorted(rows.values(), key=lambda r: (_eval_rank(r[0]), r[0]))
 
 
 def evaluations_table(summaries: dict[str, dict[str, Any]]) -> list[list[Any]]:
@@ -194,8 +195,56 @@ def evaluations_table(summaries: dict[str, dict[str, Any]]) -> list[list[Any]]:
                 describe_outcomes(s["outcomes"]) if "outcomes" in s else "",
             ]
         )
-    order = {"before": 0, "after_stage2": 1, "after_stage4": 2}
-    return sorted(rows, key=lambda r: (order.get(r[0], 3), r[0], r[2], r[1], r[3]))
+    return sorted(rows, key=lambda r: (_eval_rank(r[0]), r[0], r[2], r[1], r[3]))
+
+
+def _eval_rank(label: str) -> int:
+    """Where an evaluation label comes in a curriculum: ``before``, then ``after_stageN`` by N,
+    then any other label."""
+    if label == "before":
+        return 0
+    stage = label.removeprefix("after_stage")
+    return int(stage) if stage.isdigit() else 9
+
+
+def evaluation_changes_table(
+    run_dir: Path, summaries: dict[str, dict[str, Any]]
+) -> list[list[Any]]:
+    """Each evaluation against the one before it on the same tasks in the same mode, paired task
+    by task (:func:`birdtrain.evaluate.compare_evaluations`): the tasks and mode, the two labels,
+    their rates, the difference in points with its 95 % interval, the tasks that rose and fell,
+    and whether it changed beyond the noise. Evaluations of one series share their folder's suffix
+    after the label (``-train``, ``-single``, ``-bird``, ...); those without ``verdicts.jsonl``
+    are left out."""
+    from birdtrain.evaluate import compare_evaluations
+
+    series: dict[tuple[str, str, str], list[tuple[int, str, str]]] = {}
+    for folder, s in summaries.items():
+        if not (run_dir / "eval" / folder / "verdicts.jsonl").is_file():
+            continue
+        label = str(s.get("label") or folder)
+        tasks = "training" if s.get("split") == "train" else "held out"
+        key = (
+            folder.removeprefix(label),
+            f"{s.get('mode', 'agent')}, {tasks}",
+            s.get("metric", "SR"),
+        )
+        series.setdefault(key, []).append((_eval_rank(label), label, folder))
+    rows = []
+    for (_, where, metric), evaluations in sorted(series.items()):
+        evaluations.sort()
+        for (_, before, a), (_, after, b) in itertools.pairwise(evaluations):
+            change = compare_evaluations(run_dir / "eval" / a, run_dir / "eval" / b)
+            rows.append(
+                [
+                    f"{where} ({metric})",
+                    f"{before} → {after}",
+                    f"{100 * change['a']:.1f} → {100 * change['b']:.1f}",
+                    *_difference(change, percent=True),
+                    f"{change['improved']} / {change['worsened']} of {change['tasks']}",
+                ]
+            )
+    return rows
 
 
 def reward_trend_table(metrics: dict[str, list[dict[str, Any]]]) -> list[list[Any]]:
@@ -252,11 +301,14 @@ def reward_trend_within_tasks_table(
     return rows
 
 
-def _difference(trend: dict[str, Any]) -> list[str]:
-    """A trend's difference with its interval, and whether it rose or fell beyond the noise."""
+def _difference(trend: dict[str, Any], *, percent: bool = False) -> list[str]:
+    """A difference with its interval (in points with ``percent``), and whether it rose or fell
+    beyond the noise."""
     low, high = trend["ci95"]
     verdict = "rose" if low > 0 else "fell" if high < 0 else "within noise"
-    return [f"{trend['difference']:+.3f} [{low:+.3f}, {high:+.3f}]", verdict]
+    scale, digits = (100, 1) if percent else (1, 3)
+    d, low, high = (scale * x for x in (trend["difference"], low, high))
+    return [f"{d:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]", verdict]
 
 
 def _img(path: Path | str | None) -> str:
@@ -409,6 +461,20 @@ def write_report(run_dir: str | Path) -> Path:
                 "outcomes",
             ],
             evaluations_table(summaries),
+        )
+    }
+<p>What changed from one evaluation to the next on the same tasks: each task against itself; the
+interval is a bootstrap over the tasks.</p>{
+        _table(
+            [
+                "tasks",
+                "evaluations",
+                "rate %",
+                "difference, points [95 % CI]",
+                "change",
+                "tasks rose / fell",
+            ],
+            evaluation_changes_table(run_dir, summaries),
         )
     }
 <h2>Training</h2><div class="grid">{_img(figures["loss"])}{_img(figures["lr"])}{

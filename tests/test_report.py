@@ -9,7 +9,14 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="the report is in the train extra")
 
-from birdtrain.report import reward_trend_table, reward_trend_within_tasks_table, write_report
+from birdenv import load_tasks
+from birdtrain.evaluate import evaluate_policy
+from birdtrain.report import (
+    evaluation_changes_table,
+    reward_trend_table,
+    reward_trend_within_tasks_table,
+    write_report,
+)
 from birdtrain.sampling import SamplingStats, read_groups, record_groups
 from birdtrain.stats import reward_trend_within_tasks
 
@@ -113,3 +120,38 @@ def test_a_trend_compared_task_by_task_sees_through_the_draw(tmp_path: Path) -> 
     assert trend is not None and trend["last"] < trend["first"]
     html = write_report(run).read_text()
     assert f"<code>{row[4]}</code></td><td><code>rose</code>" in html
+
+
+def test_each_evaluation_is_compared_with_the_one_before_on_the_same_tasks(tmp_path: Path) -> None:
+    """Real evaluations in a run directory, in curriculum order whatever their folders' names:
+    echo (0 %) before, then the oracle twice (100 %); an evaluation without verdicts is left out."""
+    run = _run(tmp_path, [0.5] * 3)  # its summaries have no verdicts: no row of their own
+    tasks = load_tasks("critic-mini")[:5]
+    for label, policy in (
+        ("after_stage4", "oracle"),
+        ("before", "echo"),
+        ("after_stage2", "oracle"),
+    ):
+        evaluate_policy(policy, tasks=tasks, out_dir=run / "eval" / label, label=label, num_envs=2)
+    summaries = {p.parent.name: json.loads(p.read_text()) for p in run.glob("eval/*/summary.json")}
+    rows = evaluation_changes_table(run, summaries)
+    assert rows == [
+        [
+            "agent, held out (SR)",
+            "before → after_stage2",
+            "0.0 → 100.0",
+            "+100.0 [+100.0, +100.0]",
+            "rose",
+            "5 / 0 of 5",
+        ],
+        [
+            "agent, held out (SR)",
+            "after_stage2 → after_stage4",
+            "100.0 → 100.0",
+            "+0.0 [+0.0, +0.0]",
+            "within noise",
+            "0 / 0 of 5",
+        ],
+    ]
+    html = write_report(run).read_text()
+    assert "<code>before → after_stage2</code>" in html
