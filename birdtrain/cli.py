@@ -173,7 +173,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     print(f"{label_b} ({k_b} samples a task): {100 * result['b']:.1f}%")
     print(
         f"difference {100 * result['difference']:+.1f} points, 95 % interval "
-        f"{100 * low:+.1f} to {100 * high:+.1f} (bootstrap over {result['tasks']} shared tasks); "
+        f"{100 * low:+.1f} to {100 * high:+.1f} (paired over {result['tasks']} shared tasks); "
         f"{result['improved']} tasks rose, {result['worsened']} fell"
     )
     if result["only_a"] or result["only_b"]:

@@ -464,7 +464,7 @@ def write_report(run_dir: str | Path) -> Path:
         )
     }
 <p>What changed from one evaluation to the next on the same tasks: each task against itself; the
-interval is a bootstrap over the tasks.</p>{
+interval is a paired t interval over the tasks.</p>{
         _table(
             [
                 "tasks",

@@ -12,7 +12,6 @@ stage's reward rose beyond its noise.
 from __future__ import annotations
 
 import math
-import random
 
 __all__ = [
     "paired_difference",
@@ -20,6 +19,7 @@ __all__ = [
     "reward_trend",
     "reward_trend_within_tasks",
     "steps_per_third",
+    "student_t_975",
     "wilson_interval",
 ]
 
@@ -59,23 +59,46 @@ def wilson_interval(successes: int | float, n: int, z: float = 1.96) -> tuple[fl
     return low, high
 
 
+def student_t_975(freedom: int) -> float:
+    """The 97.5th percentile of Student's t with ``freedom`` degrees of freedom: the multiplier of
+    a two-sided 95 % interval on a mean of ``freedom + 1`` values.
+
+    Exact for one and two degrees of freedom, else the Cornish-Fisher expansion about the normal
+    quantile (Abramowitz and Stegun 26.7.5), within 0.2 % of the tables from three on.
+
+    >>> [round(student_t_975(v), 3) for v in (1, 2, 4, 9, 30)]
+    [12.706, 4.303, 2.776, 2.262, 2.042]
+    """
+    if freedom < 1:
+        raise ValueError(f"freedom must be >= 1, got {freedom}")
+    if freedom == 1:
+        return math.tan(math.pi * 0.475)
+    if freedom == 2:
+        return 0.95 / math.sqrt(2 * 0.975 * 0.025)
+    z, v = 1.959963984540054, float(freedom)
+    return (
+        z
+        + (z**3 + z) / (4 * v)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3)
+        + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * v**4)
+    )
+
+
 def paired_difference(
-    a: dict[str, list[bool]],
-    b: dict[str, list[bool]],
-    *,
-    resamples: int = 10_000,
-    seed: int = 0,
+    a: dict[str, list[bool]], b: dict[str, list[bool]]
 ) -> dict[str, float | int | list[float]]:
     """Policy ``b`` against policy ``a`` on the tasks both were evaluated on, task by task.
 
     ``a`` and ``b`` map a task id to the outcomes of its samples (one with greedy decoding).
     Each task's pass rate is the share of its samples that passed; a policy's rate is the mean
     over tasks (the success rate with one sample a task, the mean pass@1 with more). The
-    difference ``b - a`` is the mean of the per-task differences, and its 95 % interval is a
-    percentile bootstrap over tasks (``resamples`` draws of the shared tasks with replacement,
-    seeded): each task is compared with itself, so the interval does not count the spread
-    between easy and hard tasks as noise, and samples of one task are never treated as
-    independent tasks. ``improved`` and ``worsened`` count the tasks whose rate rose or fell.
+    difference ``b - a`` is the mean of the per-task differences, with a paired t interval (95 %)
+    over the tasks: each task is compared with itself, so the spread between easy and hard tasks
+    is not counted as noise, and the samples of one task are never treated as independent tasks.
+    (A percentile bootstrap over tasks was too narrow on few tasks: 10 % false changes at 95 %
+    on 10 tasks in a simulation of equal policies.) ``improved`` and ``worsened`` count the tasks
+    whose rate rose or fell; ``only_a`` and ``only_b`` those left out.
 
     >>> a = {"t1": [False] * 4, "t2": [True, False, False, False], "t3": [True] * 4}
     >>> b = {"t1": [True, False, False, False], "t2": [True, True, True, False], "t3": [True] * 4}
@@ -83,14 +106,12 @@ def paired_difference(
     >>> round(d["a"], 3), round(d["b"], 3), round(d["difference"], 3), d["improved"], d["worsened"]
     (0.417, 0.667, 0.25, 2, 0)
     >>> [round(x, 3) for x in d["ci95"]]
-    [0.0, 0.5]
+    [-0.371, 0.871]
     >>> paired_difference({"t1": [True]}, {"t2": [True]})
     Traceback (most recent call last):
     ...
     ValueError: the two evaluations share no task (1 and 1 tasks)
     """
-    if resamples < 1:
-        raise ValueError(f"resamples must be >= 1, got {resamples}")
     shared = sorted(a.keys() & b.keys())
     if not shared:
         raise ValueError(f"the two evaluations share no task ({len(a)} and {len(b)} tasks)")
@@ -101,16 +122,19 @@ def paired_difference(
     rate_b = [sum(b[t]) / len(b[t]) for t in shared]
     deltas = [y - x for x, y in zip(rate_a, rate_b, strict=True)]
     n = len(deltas)
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choices(deltas, k=n)) / n for _ in range(resamples))
-    low = means[int(0.025 * (resamples - 1))]
-    high = means[math.ceil(0.975 * (resamples - 1))]
+    mean = sum(deltas) / n
+    if n > 1:
+        spread = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (n - 1))
+        margin = student_t_975(n - 1) * spread / math.sqrt(n)
+    else:
+        margin = math.inf  # one task says nothing about the noise: the interval is [-1, 1]
     return {
         "tasks": n,
         "a": sum(rate_a) / n,
         "b": sum(rate_b) / n,
-        "difference": sum(deltas) / n,
-        "ci95": [low, high],
+        "difference": mean,
+        # A difference of two rates lies in [-1, 1] whatever the noise.
+        "ci95": [max(-1.0, mean - margin), min(1.0, mean + margin)],
         "improved": sum(d > 0 for d in deltas),
         "worsened": sum(d < 0 for d in deltas),
         "only_a": len(a.keys() - b.keys()),

@@ -19,7 +19,7 @@ from birdtrain.cli import main
 from birdtrain.evaluate import evaluate_policy
 from birdtrain.models import resolve_model
 from birdtrain.prompts import PROMPT_RECORD, prompt_for, record_prompt, recorded_prompt
-from birdtrain.stats import pass_at_k, wilson_interval
+from birdtrain.stats import paired_difference, pass_at_k, wilson_interval
 from birdtrain.trajectory_store import TrajectoryStore
 
 
@@ -130,6 +130,26 @@ def test_outcomes_say_how_the_episodes_ended(tmp_path: Path, capsys) -> None:
     assert "0/2 submitted (0 unchanged), 4/4 turns unparsed" in capsys.readouterr().out
     summary = json.loads((tmp_path / "tiny" / "summary.json").read_text())
     assert summary["outcomes"]["unparsed_turns"] == summary["outcomes"]["turns"] == 4
+
+
+def test_a_paired_comparison_sees_a_rise_that_separate_intervals_do_not() -> None:
+    """Ten tasks of mixed difficulty, 8 samples each; every task passes 1 or 2 samples more after.
+    Pooled, the two rates' Wilson intervals overlap; compared task by task, the rise is clear."""
+    before = [0, 1, 1, 2, 3, 4, 5, 5, 6, 0]
+    after = [1, 3, 2, 4, 4, 6, 6, 7, 7, 2]
+    a = {f"t{i}": [s < c for s in range(8)] for i, c in enumerate(before)}
+    b = {f"t{i}": [s < c for s in range(8)] for i, c in enumerate(after)}
+    low_b, _ = wilson_interval(sum(after), 80)
+    _, high_a = wilson_interval(sum(before), 80)
+    assert low_b < high_a  # the separate intervals overlap
+    d = paired_difference(a, b)
+    assert d["improved"] == 10 and d["worsened"] == 0 and d["ci95"][0] > 0.1
+    assert abs(d["difference"] - (sum(after) - sum(before)) / 80) < 1e-12
+    # The same pooled rate spread unevenly over the tasks: task by task, that is noise.
+    noisy = {
+        f"t{i}": [s < c for s in range(8)] for i, c in enumerate([8, 0, 4, 0, 8, 8, 0, 8, 2, 4])
+    }
+    assert paired_difference(a, noisy)["ci95"][0] < 0 < paired_difference(a, noisy)["ci95"][1]
 
 
 def test_compare_two_evaluations_task_by_task(tmp_path: Path, capsys) -> None:
