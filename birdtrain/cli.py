@@ -167,14 +167,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    (label_a, label_b), (k_a, k_b) = result["labels"], result["samples"]
     low, high = result["ci95"]
-    print(f"{label_a} ({k_a} samples a task): {100 * result['a']:.1f}%")
-    print(f"{label_b} ({k_b} samples a task): {100 * result['b']:.1f}%")
+    for label, k, rate in zip(
+        result["labels"], result["samples"], (result["a"], result["b"]), strict=True
+    ):
+        print(f"{label}: {100 * rate:.1f}% ({k} sample{'s' * (k != 1)} a task)")
     print(
-        f"difference {100 * result['difference']:+.1f} points, 95 % interval "
-        f"{100 * low:+.1f} to {100 * high:+.1f} (paired over {result['tasks']} shared tasks); "
-        f"{result['improved']} tasks rose, {result['worsened']} fell"
+        f"difference {100 * result['difference']:+.1f} points, 95 % interval {100 * low:+.1f} to "
+        f"{100 * high:+.1f}, paired over {result['tasks']} tasks: rose on {result['improved']}, "
+        f"fell on {result['worsened']}"
     )
     if result["only_a"] or result["only_b"]:
         print(f"left out: {result['only_a']} tasks only in A, {result['only_b']} only in B")

@@ -161,9 +161,10 @@ def test_compare_two_evaluations_task_by_task(tmp_path: Path, capsys) -> None:
     capsys.readouterr()
     assert main(["compare", str(tmp_path / "e"), str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
-    assert "echo (1 samples a task): 0.0%" in out and "oracle (1 samples a task): 100.0%" in out
+    assert "echo: 0.0% (1 sample a task)" in out and "oracle: 100.0% (1 sample a task)" in out
     assert "difference +100.0 points, 95 % interval +100.0 to +100.0" in out
-    assert "4 tasks rose, 0 fell" in out and "left out: 0 tasks only in A, 2 only in B" in out
+    assert "paired over 4 tasks: rose on 4, fell on 0" in out
+    assert "left out: 0 tasks only in A, 2 only in B" in out
     assert main(["compare", str(tmp_path / "o"), str(tmp_path / "o"), "--json"]) == 0
     same = json.loads(capsys.readouterr().out)
     assert same["tasks"] == 6 and same["difference"] == 0.0 and same["ci95"] == [0.0, 0.0]
