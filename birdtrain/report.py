@@ -187,7 +187,7 @@ def evaluations_table(summaries: dict[str, dict[str, Any]]) -> list[list[Any]]:
             [
                 str(s.get("label") or folder),
                 s.get("mode", "agent"),
-                "training" if s.get("split") == "train" else "held out",
+                _task_set(s),
                 s.get("metric", "SR"),
                 f"{s.get('success_rate', 0.0):.1f} [{100 * lo:.1f}, {100 * hi:.1f}]",
                 n,
@@ -196,6 +196,11 @@ def evaluations_table(summaries: dict[str, dict[str, Any]]) -> list[list[Any]]:
             ]
         )
     return sorted(rows, key=lambda r: (_eval_rank(r[0]), r[0], r[2], r[1], r[3]))
+
+
+def _task_set(summary: dict[str, Any]) -> str:
+    """Which tasks an evaluation ran on, in words: its own training tasks or held-out ones."""
+    return "training" if summary.get("split") == "train" else "held out"
 
 
 def _eval_rank(label: str) -> int:
@@ -223,10 +228,9 @@ def evaluation_changes_table(
         if not (run_dir / "eval" / folder / "verdicts.jsonl").is_file():
             continue
         label = str(s.get("label") or folder)
-        tasks = "training" if s.get("split") == "train" else "held out"
         key = (
             folder.removeprefix(label),
-            f"{s.get('mode', 'agent')}, {tasks}",
+            f"{s.get('mode', 'agent')}, {_task_set(s)}",
             s.get("metric", "SR"),
         )
         series.setdefault(key, []).append((_eval_rank(label), label, folder))

@@ -98,8 +98,8 @@ def paired_difference(
     is not counted as noise, and the samples of one task are never treated as independent tasks.
     Between two equal policies it calls a change about one time in twenty, on five tasks as on
     many (``tests/test_eval.py``), where a percentile bootstrap over tasks is too narrow on few
-    tasks. ``improved`` and ``worsened`` count the tasks
-    whose rate rose or fell; ``only_a`` and ``only_b`` those left out.
+    tasks. ``improved`` and ``worsened`` count the tasks whose rate rose or fell; ``only_a`` and
+    ``only_b`` those left out.
 
     >>> a = {"t1": [False] * 4, "t2": [True, False, False, False], "t3": [True] * 4}
     >>> b = {"t1": [True, False, False, False], "t2": [True, True, True, False], "t3": [True] * 4}
