@@ -22,6 +22,9 @@ Outputs in ``out_dir``: ``predictions.jsonl`` in the official form (``instance_i
 that the official evaluator accepts unchanged (for BIRD questions also ``predict.json``, BIRD's
 official ``{question_id: "SQL\\t----- bird -----\\tdb_id"}`` form), ``verdicts.jsonl``,
 ``summary.json`` and the trajectory store (agent mode), and a table beside the paper's figures.
+While it runs, each finished episode is saved in ``episodes.partial.jsonl`` (see
+:class:`EvaluationProgress`): an evaluation that is interrupted resumes where it stopped when it is
+run again into the same folder with the same settings.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import os
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -48,6 +53,8 @@ from birdtrain.trajectory_store import TrajectoryStore, episode_rows
 __all__ = [
     "PAPER_BIRD_RESULTS",
     "PAPER_RESULTS",
+    "PROGRESS_FILE",
+    "EvaluationProgress",
     "compare_evaluations",
     "describe_outcomes",
     "evaluate_policy",
@@ -70,6 +77,115 @@ PAPER_BIRD_RESULTS = [("BIRD-RL unified 7B", 63.9)]
 _REFERENCE = ("oracle", "echo", "scripted")
 # An agent: the next turn from the last observation and info (``info["messages"]``).
 Act = Callable[[str, dict[str, Any]], str]
+#: The file in an evaluation's folder that holds its finished episodes until its summary is written.
+PROGRESS_FILE = "episodes.partial.jsonl"
+
+
+class EvaluationProgress:
+    """The finished episodes of an evaluation in ``out_dir``, saved one line each as they end, so
+    that an interrupted evaluation (a killed process, a machine that went away) resumes where it
+    stopped instead of from the start.
+
+    The file's first line holds the evaluation's ``settings``; resuming under other settings is an
+    error that names the ones that differ. Each further line is one episode and the seconds its
+    run had spent when it was saved. On opening, :attr:`kept` are the episodes of tasks whose
+    ``n`` samples were all saved (those of a task cut short are sampled again), and
+    :attr:`earlier_seconds` the time earlier runs had spent when they saved their last episode; the
+    file is rewritten to hold only those. A file without episodes (a run that failed before its
+    first) holds nothing to resume, whatever its settings. A last line cut short by the interruption is dropped; a broken line elsewhere is an
+    error naming it. An episode that broke (``dropped``, an environment error) is not saved, so a
+    resumed run plays it again. :meth:`close` stops saving; :meth:`finish` removes the file once
+    the summary is written.
+    """
+
+    def __init__(
+        self, out_dir: Path, settings: dict[str, Any], task_ids: list[str], n: int
+    ) -> None:
+        self.path = out_dir / PROGRESS_FILE
+        self.settings = json.loads(json.dumps(settings, default=str))
+        self.kept: list[Episode] = []
+        self._kept_rows: list[dict[str, Any]] = []
+        self.earlier_seconds = 0.0
+        self._run = 0
+        self._lock = threading.Lock()
+        self._started = time.perf_counter()
+        if self.path.is_file():
+            self._read(set(task_ids), n)
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("w") as fh:
+            fh.write(json.dumps({"settings": self.settings}) + "\n")
+            for row in self._kept_rows:
+                fh.write(json.dumps(row) + "\n")
+        os.replace(tmp, self.path)
+        self._fh = self.path.open("a", buffering=1)  # one line each: a kill loses no whole line
+
+    def _read(self, task_ids: set[str], n: int) -> None:
+        lines = self.path.read_text().splitlines()
+        rows: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+        seconds: dict[int, float] = {}
+        for number, line in enumerate(lines[1:], start=2):
+            try:
+                row = json.loads(line)
+                episode = row["episode"]
+                run, spent = int(row["run"]), float(row["seconds"])
+                task_id, group = episode["task_id"], int(episode["group"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                if number == len(lines):
+                    break  # the line being written when the run was interrupted
+                raise ValueError(f"{self.path}:{number}: not a saved episode ({exc})") from None
+            if task_id in task_ids and 0 <= group < n:
+                rows[task_id][group] = row
+            seconds[run] = max(seconds.get(run, 0.0), spent)
+        if not seconds:
+            return  # no episode saved: nothing to resume, whatever the settings were
+        try:
+            saved = json.loads(lines[0])["settings"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f"{self.path}:1: not the progress of an evaluation") from None
+        differ = [
+            f"{key}: {saved.get(key)!r} there, {value!r} here"
+            for key, value in self.settings.items()
+            if saved.get(key) != value
+        ]
+        if differ:
+            raise ValueError(
+                f"{self.path} holds an interrupted evaluation with other settings "
+                f"({'; '.join(differ)}); run it with the same settings to resume it, or remove "
+                "the file (or write to another folder) to start over"
+            )
+        self._run = max(seconds) + 1
+        self.earlier_seconds = sum(seconds.values())
+        self._kept_rows = [
+            groups[g] for groups in rows.values() if len(groups) == n for g in range(n)
+        ]
+        self.kept = [Episode.from_dict(row["episode"]) for row in self._kept_rows]
+
+    @property
+    def complete(self) -> set[str]:
+        """Tasks whose every sample was kept from an earlier run."""
+        return {e.task_id for e in self.kept}
+
+    def save(self, episode: Episode) -> None:
+        """Save a finished episode (from any thread); one that broke is left to be played again."""
+        if episode.dropped:
+            return
+        row = {
+            "run": self._run,
+            "seconds": round(time.perf_counter() - self._started, 3),
+            "episode": dataclasses.asdict(episode),
+        }
+        line = json.dumps(row, default=str) + "\n"
+        with self._lock:
+            self._fh.write(line)
+
+    def close(self) -> None:
+        """Stop saving (the episodes are all in, or the evaluation failed: the file stays)."""
+        self._fh.close()
+
+    def finish(self) -> None:
+        """The evaluation's files are written: the progress file has served its purpose."""
+        self.close()
+        self.path.unlink(missing_ok=True)
 
 
 def policy_label(policy: str) -> str:
@@ -166,9 +282,10 @@ def _threaded(
     num_envs: int,
     max_turns: int,
     prompt: Any,
+    on_episode: Callable[[Episode], None],
 ) -> list[Episode]:
     """``n`` episodes of every task, one plain env per worker thread (sharing one replica pool),
-    with the prompt setting ``prompt``."""
+    with the prompt setting ``prompt``; ``on_episode`` sees each as it ends."""
     from birdenv.envs import env_class_for
 
     env_class = env_class_for(type(tasks[0]))
@@ -176,10 +293,14 @@ def _threaded(
 
     def worker(chunk: list[tuple[Task, int]]) -> list[Episode]:
         env = env_class(tasks=tasks, prompt_options=prompt)
+        episodes = []
         try:
-            return [_play(env, task, sample, agent, max_turns, timeline) for task, sample in chunk]
+            for task, sample in chunk:
+                episodes.append(_play(env, task, sample, agent, max_turns, timeline))
+                on_episode(episodes[-1])
         finally:
             env.close()
+        return episodes
 
     chunks = [jobs[i::num_envs] for i in range(min(num_envs, len(jobs)))]
     with concurrent.futures.ThreadPoolExecutor(len(chunks)) as pool:
@@ -203,9 +324,10 @@ def _model_episodes(
     max_context: int,
     engine_options: dict[str, Any] | None,
     dtype: str,
+    on_episode: Callable[[Episode], None],
 ) -> list[Episode]:
     """A local model as an agent, rolled out through a vector env exactly as in stage 4 (with
-    ``ray``: a Ray vector env over the cluster)."""
+    ``ray``: a Ray vector env over the cluster); ``on_episode`` sees each episode as it ends."""
     from birdenv.vector import make_vec
     from birdtrain.policies import generation_policy
     from birdtrain.rollout import VECTOR_KWARGS, collect
@@ -231,6 +353,7 @@ def _model_episodes(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             max_context=max_context,
+            on_episode=on_episode,
         )
     finally:
         envs.close()
@@ -250,49 +373,52 @@ def _single_episodes(
     timeline: Timeline,
     engine_options: dict[str, Any] | None,
     dtype: str,
+    on_episode: Callable[[Episode], None],
 ) -> list[Episode]:
-    """One ``<solution>`` per sample from a model or an endpoint (not judged yet)."""
+    """One ``<solution>`` per sample from a model or an endpoint (not judged yet); ``on_episode``
+    sees each answer as it comes."""
     from birdtrain.prompts import parse_solution, single_turn_prompt
 
     jobs = [(t, s) for t in tasks for s in range(n)]
     prompts = [[{"role": "user", "content": single_turn_prompt(t, prompt)}] for t, _ in jobs]
+    episodes: list[Episode] = []
+
+    def answered(text: str) -> None:
+        (task, sample), messages = jobs[len(episodes)], prompts[len(episodes)]
+        episodes.append(
+            Episode(
+                task_id=task.instance_id,
+                group=sample,
+                messages=[*messages, {"role": "assistant", "content": text}],
+                pred_sqls=parse_solution(text),
+                turns=1,
+            )
+        )
+        on_episode(episodes[-1])
+
     if policy.startswith(EndpointPolicy.PREFIX):
         endpoint = EndpointPolicy.from_spec(policy)
         with timeline.span("generation"):
-            texts = [
-                endpoint.answer(p, max_new_tokens=max_new_tokens, temperature=temperature)
-                for p in prompts
-            ]
-    else:
-        from birdtrain.policies import generation_policy
+            for p in prompts:
+                answered(endpoint.answer(p, max_new_tokens=max_new_tokens, temperature=temperature))
+        return episodes
+    from birdtrain.policies import generation_policy
 
-        generator = generation_policy(
-            policy, engine=engine, engine_options=engine_options, dtype=dtype
-        )
-        tokenizer = generator.tokenizer
-        texts = []
-        with timeline.span("generation"):
-            for i in range(0, len(prompts), 8):
-                batch = [
-                    tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
-                    for p in prompts[i : i + 8]
-                ]
-                # transformers 5 returns a BatchEncoding (a mapping, not a dict) for tokenize=True.
-                batch = [list(ids["input_ids"] if hasattr(ids, "keys") else ids) for ids in batch]
-                for ids, _ in generator.generate(
-                    batch, max_new_tokens=max_new_tokens, temperature=temperature
-                ):
-                    texts.append(tokenizer.decode(ids, skip_special_tokens=True))
-    return [
-        Episode(
-            task_id=t.instance_id,
-            group=s,
-            messages=[*p, {"role": "assistant", "content": text}],
-            pred_sqls=parse_solution(text),
-            turns=1,
-        )
-        for (t, s), p, text in zip(jobs, prompts, texts, strict=True)
-    ]
+    generator = generation_policy(policy, engine=engine, engine_options=engine_options, dtype=dtype)
+    tokenizer = generator.tokenizer
+    with timeline.span("generation"):
+        for i in range(0, len(prompts), 8):
+            batch = [
+                tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
+                for p in prompts[i : i + 8]
+            ]
+            # transformers 5 returns a BatchEncoding (a mapping, not a dict) for tokenize=True.
+            batch = [list(ids["input_ids"] if hasattr(ids, "keys") else ids) for ids in batch]
+            for ids, _ in generator.generate(
+                batch, max_new_tokens=max_new_tokens, temperature=temperature
+            ):
+                answered(tokenizer.decode(ids, skip_special_tokens=True))
+    return episodes
 
 
 def _judge(
@@ -531,9 +657,10 @@ def _episodes(
     endpoints in plain envs on threads, local models in a vector env through ``collect``)."""
     sampling = {k: settings[k] for k in ("max_new_tokens", "temperature")}
     if mode == "single":
-        single = {k: settings[k] for k in ("n", "engine", "prompt", "engine_options", "dtype")}
+        keys = ("n", "engine", "prompt", "engine_options", "dtype", "on_episode")
+        single = {k: settings[k] for k in keys}
         return _single_episodes(policy, tasks, timeline=timeline, **single, **sampling)
-    threads = {k: settings[k] for k in ("n", "num_envs", "max_turns", "prompt")}
+    threads = {k: settings[k] for k in ("n", "num_envs", "max_turns", "prompt", "on_episode")}
     if policy in _REFERENCE:
         agent = _reference_agent(policy, settings["max_turns"])
         return _threaded(tasks, agent, timeline, **threads)
@@ -600,23 +727,50 @@ def evaluate_policy(
     label = label or policy_label(policy)
     by_id = {t.instance_id: t for t in tasks}
     timeline, started = Timeline(), time.perf_counter()
-    episodes = _episodes(
-        policy,
-        tasks,
-        mode=mode,
-        timeline=timeline,
-        n=n,
-        max_turns=max_turns,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        num_envs=num_envs,
-        engine=engine,
-        prompt=prompt,
-        ray=ray,
-        max_context=max_context,
-        engine_options=engine_options,
-        dtype=dtype,
+    # What decides the episodes (not how many run at once): a resumed evaluation must match them.
+    progress = EvaluationProgress(
+        out_dir,
+        {
+            "policy": policy,
+            "mode": mode,
+            "n": n,
+            "temperature": temperature,
+            "max_turns": max_turns,
+            "max_new_tokens": max_new_tokens,
+            "max_context": max_context,
+            "engine": engine,
+            "dtype": dtype,
+            "prompt": dataclasses.asdict(prompt),
+        },
+        list(by_id),
+        n,
     )
+    remaining = [t for t in tasks if t.instance_id not in progress.complete]
+    try:
+        episodes = progress.kept + (
+            _episodes(
+                policy,
+                remaining,
+                mode=mode,
+                timeline=timeline,
+                n=n,
+                max_turns=max_turns,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                num_envs=num_envs,
+                engine=engine,
+                prompt=prompt,
+                ray=ray,
+                max_context=max_context,
+                engine_options=engine_options,
+                dtype=dtype,
+                on_episode=progress.save,
+            )
+            if remaining
+            else []
+        )
+    finally:
+        progress.close()
     if mode == "single":
         _judge(episodes, by_id, kind, timeline, ray=ray)
     else:
@@ -641,16 +795,27 @@ def evaluate_policy(
     summary.update(mode=mode, split=task_set, seconds=round(seconds, 2), time_split=split)
     summary["prompt"] = dataclasses.asdict(prompt)
     summary["dtype"] = dtype
+    # An evaluation resumed after an interruption: the tasks it kept, and the seconds spent on
+    # them before (``seconds`` and ``time_split`` are this run's own).
+    summary["resumed_tasks"] = len(progress.complete)
+    summary["earlier_seconds"] = round(progress.earlier_seconds, 2)
     # The figures under the kind's own names too (execution_accuracy, by_difficulty for BIRD).
     summary[kind.metric_name] = summary["success_rate"]
     summary[f"by_{kind.category_name}"] = summary["by_category"]
     summary["table"] = _table(label, summary, suite)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    progress.finish()
     low, high = summary["ci95"]
     print(
         f"[eval {label}] {metric} {summary['success_rate']:.2f}% ({low:.1f}-{high:.1f}) on "
         f"{summary['n']} tasks in {summary['seconds']} s (generation {split['generation_s']} s, "
         f"environment {split['env_s']} s, judge {split['judge_s']} s, other {split['other_s']} s); "
         f"{describe_outcomes(summary['outcomes'])}"
+        + (
+            f"; resumed {summary['resumed_tasks']} finished tasks from an interrupted run "
+            f"(+{summary['earlier_seconds']} s)"
+            if summary["resumed_tasks"]
+            else ""
+        )
     )
     return summary

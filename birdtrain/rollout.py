@@ -31,7 +31,7 @@ import contextlib
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -102,6 +102,11 @@ class Episode:
     env_s: float = 0.0
     statement_s: list[float | None] = dataclasses.field(default_factory=list)
     pred_sqls: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> Episode:
+        """The episode that ``dataclasses.asdict`` gave ``row``."""
+        return cls(**{**row, "segments": [Segment(**s) for s in row.get("segments", ())]})
 
     @property
     def completion_ids(self) -> list[int]:
@@ -254,10 +259,16 @@ class Scheduler:
 
     ``slots[i]`` is the rollout slot ``i`` plays (None: free) and ``contexts[i]`` its tokens so far.
     ``ended[i]`` says that copy ``i``'s episode ended (or never began): it must be reset before it
-    is stepped again.
+    is stepped again. ``on_episode`` is called with each rollout as it ends.
     """
 
-    def __init__(self, num_slots: int, task_ids: Sequence[str], num_generations: int) -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        task_ids: Sequence[str],
+        num_generations: int,
+        on_episode: Callable[[Episode], None] | None = None,
+    ) -> None:
         self.pending = deque(
             Episode(task_id=str(t), group=g) for t in task_ids for g in range(num_generations)
         )
@@ -267,6 +278,7 @@ class Scheduler:
         self.ended = [True] * num_slots
         self.last_task = [str(task_ids[0]) if len(task_ids) else ""] * num_slots
         self.done = Rollouts()
+        self.on_episode = on_episode
 
     def busy(self) -> bool:
         """True while rollouts are pending or in flight."""
@@ -298,6 +310,8 @@ class Scheduler:
             episode.dropped, episode.error = True, error
         self.done.append(episode)
         self.slots[i], self.contexts[i] = None, []
+        if self.on_episode is not None:
+            self.on_episode(episode)
 
     def break_all(self, exc: BaseException) -> None:
         """A vector call failed. It cannot be pinned on one copy: every rollout in flight broke,
@@ -415,6 +429,7 @@ def collect(
     max_new_tokens: int,
     temperature: float,
     max_context: int,
+    on_episode: Callable[[Episode], None] | None = None,
 ) -> Rollouts:
     """Run ``num_generations`` rollouts of each task in ``task_ids`` and return them in task order.
 
@@ -427,6 +442,7 @@ def collect(
         max_new_tokens: Tokens per assistant turn.
         temperature: Sampling temperature (0: greedy).
         max_context: Tokens of context; a rollout that fills it is truncated (reward 0).
+        on_episode: Called with each rollout as it ends (an evaluation saves it there).
 
     Returns:
         :class:`Rollouts`: ``len(task_ids) * num_generations`` episodes, ordered by task then
@@ -435,7 +451,7 @@ def collect(
     _check_autoreset(envs)
     tokenizer = policy.tokenizer
     eos_ids = getattr(policy, "eos_ids", None) or frozenset({tokenizer.eos_token_id})
-    plan = Scheduler(envs.num_envs, task_ids, num_generations)
+    plan = Scheduler(envs.num_envs, task_ids, num_generations, on_episode)
     # The weights do not change during the call: the policy may keep each rollout's keys and values
     # from one turn to the next (TransformersPolicy.turns).
     turns = getattr(policy, "turns", None)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from birdenv.tools import format_tool_call
 pytest.importorskip("duckdb", reason="the trajectory store needs the train extra")
 
 from birdtrain.cli import main
-from birdtrain.evaluate import evaluate_policy
+from birdtrain.evaluate import PROGRESS_FILE, evaluate_policy
 from birdtrain.models import resolve_model
 from birdtrain.prompts import PROMPT_RECORD, prompt_for, record_prompt, recorded_prompt
 from birdtrain.stats import paired_difference, pass_at_k, wilson_interval
@@ -418,3 +421,92 @@ def test_an_evaluation_reads_prompts_as_the_checkpoint_learned_them(tmp_path: Pa
     err = _one_line_error([*argv, "--out", str(tmp_path / "broken")], capsys)
     assert f"{checkpoint / PROMPT_RECORD}: not a prompt setting" in err
     assert "schema must be one of 'full', 'linked', 'named'" in err
+
+
+def _interrupted(argv: list[str], out: Path, saved: int) -> int:
+    """Run ``birdtrain eval`` in a process of its own and kill it (SIGKILL: nothing to clean up)
+    once ``saved`` episodes are in its progress file; return how many lines the file held."""
+    progress = out / PROGRESS_FILE
+    command = [sys.executable, "-m", "birdtrain.cli", *argv, "--out", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:
+            if progress.is_file() and len(progress.read_text().splitlines()) > saved:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail(f"no {saved} episodes saved: {process.stderr.read().decode()[-2000:]}")
+    finally:
+        process.kill()
+        process.wait()
+    assert not (out / "summary.json").exists(), "the evaluation ended before it was interrupted"
+    return len(progress.read_text().splitlines())
+
+
+def _verdict_rows(out: Path) -> list[dict]:
+    """The rows of ``verdicts.jsonl`` less what differs between two runs of one evaluation (how
+    long the judge took, whether it found the issue phase cached)."""
+    rows = [json.loads(line) for line in (out / "verdicts.jsonl").read_text().splitlines()]
+    for row in rows:
+        for key in ("timings", "issue_cached"):
+            (row["verdict"] or {}).pop(key, None)
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("mode", "limit", "saved"), [("agent", 6, 2), ("single", 9, 8)], ids=["agent", "single"]
+)
+def test_an_interrupted_evaluation_resumes_where_it_stopped(
+    mode: str, limit: int, saved: int, tmp_path: Path, capsys
+) -> None:
+    """A killed evaluation, run again into its folder, keeps what it had finished, plays the
+    rest, and ends with the verdicts of an evaluation that was never interrupted. Under other
+    settings it refuses to resume and keeps the file; a broken line is named."""
+    argv = ["eval", "--policy", "tiny", "--suite", "critic-mini", "--limit", str(limit)]
+    argv += ["--mode", mode, "--max-turns", "2", "--max-new-tokens", "12", "--num-envs", "1"]
+    assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    assert not (tmp_path / "whole" / PROGRESS_FILE).exists()  # gone once the summary is written
+
+    out = tmp_path / "resumed"
+    lines = _interrupted(argv, out, saved)
+    assert saved < lines <= limit  # the header, then one episode a line
+    before = (out / PROGRESS_FILE).read_text()
+    capsys.readouterr()
+    assert main([*argv, "--temperature", "0.5", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "other settings (temperature: 0.0 there, 0.5 here)" in err
+    assert (out / PROGRESS_FILE).read_text() == before  # nothing lost
+
+    assert main([*argv, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_tasks"] == lines - 1 and summary["earlier_seconds"] > 0
+    assert f"resumed {lines - 1} finished tasks" in capsys.readouterr().out
+    assert not (out / PROGRESS_FILE).exists()
+    whole, resumed = _verdict_rows(tmp_path / "whole"), _verdict_rows(out)
+    assert len(resumed) == limit
+    assert resumed == whole  # the same tasks, answers and verdicts, in the same order
+    # Every episode is in the store once, the kept ones and the new ones.
+    turns = TrajectoryStore(out).query("SELECT task_id, count(*) FROM trajectories GROUP BY 1")
+    assert sorted(turns) == sorted(
+        TrajectoryStore(tmp_path / "whole").query(
+            "SELECT task_id, count(*) FROM trajectories GROUP BY 1"
+        )
+    )
+
+    # A line torn by the interruption is dropped; a broken line before the last is an error.
+    header, first = before.splitlines()[:2]
+    (out / PROGRESS_FILE).write_text(f"{header}\n{first}\n{first[:40]}\n")
+    assert main([*argv, "--out", str(out)]) == 0
+    assert json.loads((out / "summary.json").read_text())["resumed_tasks"] == 1
+    assert _verdict_rows(out) == whole
+    # A run that failed before its first episode leaves nothing to resume, whatever its settings.
+    other = header.replace('"temperature": 0.0', '"temperature": 0.5')
+    assert other != header
+    (out / PROGRESS_FILE).write_text(f"{other}\n")
+    assert main([*argv, "--out", str(out)]) == 0
+    assert json.loads((out / "summary.json").read_text())["resumed_tasks"] == 0
+    (out / PROGRESS_FILE).write_text(f"{header}\nnot json\n{first}\n")
+    capsys.readouterr()
+    assert main([*argv, "--out", str(out)]) == 2
+    assert f"{out / PROGRESS_FILE}:2: not a saved episode" in capsys.readouterr().err
