@@ -107,3 +107,8 @@ class GPUSetupError(BirdEnvError, RuntimeError):
 class ProcessDiedError(BirdEnvError, RuntimeError):
     """A process running one stage or evaluation of a curriculum ended without a result (killed,
     or a crash in native code); the message names it and its exit code."""
+
+
+class OutputWriteError(BirdEnvError, OSError):
+    """A file of results could not be written (a full disk, no permission); the message names the
+    file, and what was written before it is kept."""

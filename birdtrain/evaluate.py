@@ -30,6 +30,7 @@ run again into the same folder with the same settings.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from birdenv.bird import BIRD_SEPARATOR, DIFFICULTIES, BirdTask
+from birdenv.errors import OutputWriteError
 from birdenv.tasks import CATEGORIES, Task
 from birdenv.tools import has_tool_call
 from birdtrain.policies import EndpointPolicy
@@ -92,10 +94,12 @@ class EvaluationProgress:
     ``n`` samples were all saved (those of a task cut short are sampled again), and
     :attr:`earlier_seconds` the time earlier runs had spent when they saved their last episode; the
     file is rewritten to hold only those. A file without episodes (a run that failed before its
-    first) holds nothing to resume, whatever its settings. A last line cut short by the interruption is dropped; a broken line elsewhere is an
-    error naming it. An episode that broke (``dropped``, an environment error) is not saved, so a
-    resumed run plays it again. :meth:`close` stops saving; :meth:`finish` removes the file once
-    the summary is written.
+    first) holds nothing to resume, whatever its settings. A last line cut short by the
+    interruption is dropped; a broken line elsewhere is an error naming it. An episode that broke
+    (``dropped``, an environment error) is not saved, so a resumed run plays it again. A file that
+    cannot be written (a full disk) raises :class:`~birdenv.errors.OutputWriteError` and keeps the
+    lines saved before. :meth:`close` stops saving; :meth:`finish` removes the file once the
+    summary is written.
     """
 
     def __init__(
@@ -112,12 +116,16 @@ class EvaluationProgress:
         if self.path.is_file():
             self._read(set(task_ids), n)
         tmp = self.path.with_suffix(".tmp")
-        with tmp.open("w") as fh:
-            fh.write(json.dumps({"settings": self.settings}) + "\n")
-            for row in self._kept_rows:
-                fh.write(json.dumps(row) + "\n")
-        os.replace(tmp, self.path)
-        self._fh = self.path.open("a", buffering=1)  # one line each: a kill loses no whole line
+        try:
+            with tmp.open("w") as fh:
+                fh.write(json.dumps({"settings": self.settings}) + "\n")
+                for row in self._kept_rows:
+                    fh.write(json.dumps(row) + "\n")
+            os.replace(tmp, self.path)  # the file as it was until the new one is whole
+            self._fh = self.path.open("a", buffering=1)  # one line each: a kill loses no whole line
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise self._unwritable(exc) from exc
 
     def _read(self, task_ids: set[str], n: int) -> None:
         lines = self.path.read_text().splitlines()
@@ -176,11 +184,23 @@ class EvaluationProgress:
         }
         line = json.dumps(row, default=str) + "\n"
         with self._lock:
-            self._fh.write(line)
+            try:
+                self._fh.write(line)
+            except OSError as exc:
+                raise self._unwritable(exc) from exc
+
+    def _unwritable(self, exc: OSError) -> OutputWriteError:
+        return OutputWriteError(
+            f"cannot save the evaluation's progress in {self.path} ({exc.strerror or exc}); the "
+            "episodes saved before are kept: make room and run the same command to resume"
+        )
 
     def close(self) -> None:
         """Stop saving (the episodes are all in, or the evaluation failed: the file stays)."""
-        self._fh.close()
+        # Every whole line is written already; what a failed write left in the buffer is a torn
+        # line that a resumed run drops, and flushing it again must not hide the first error.
+        with contextlib.suppress(OSError):
+            self._fh.close()
 
     def finish(self) -> None:
         """The evaluation's files are written: the progress file has served its purpose."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
+import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -103,6 +104,34 @@ def shop_tasks(shop_dir: Path, tmp_path: Path) -> list:
     path = tmp_path / "shop.jsonl"
     path.write_text("\n".join(json.dumps(t) for t in SHOP_TASKS) + "\n")
     return load_tasks(path, db_dir=shop_dir)
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path: Path) -> Iterator[Any]:
+    """``mount_tmpfs(size)``: a tmpfs of ``size`` (e.g. ``"6m"``) mounted under ``tmp_path`` for
+    the test, to fill a disk (needs root); the test is skipped where mounting is not allowed."""
+    mounts: list[Path] = []
+
+    def mount(size: str) -> Path:
+        path = tmp_path / f"tmpfs-{len(mounts)}"
+        path.mkdir()
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            pytest.skip(
+                f"cannot mount a small tmpfs here ({proc.stderr.strip() or proc.returncode})"
+            )
+        mounts.append(path)
+        return path
+
+    try:
+        yield mount
+    finally:
+        for path in mounts:
+            subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def _strategies() -> list:

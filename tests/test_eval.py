@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -510,3 +511,28 @@ def test_an_interrupted_evaluation_resumes_where_it_stopped(
     capsys.readouterr()
     assert main([*argv, "--out", str(out)]) == 2
     assert f"{out / PROGRESS_FILE}:2: not a saved episode" in capsys.readouterr().err
+
+
+def test_an_evaluation_on_a_full_disk_keeps_what_it_saved(mount_tmpfs, capsys) -> None:
+    """The disk fills while an evaluation saves its episodes: a clear error naming the file, the
+    whole lines saved before kept, and with room made the same command resumes from them."""
+    disk = mount_tmpfs("96k")
+    out = disk / "oracle"
+    argv = ["eval", "--policy", "oracle", "--suite", "critic-mini", "--num-envs", "2"]
+    argv += ["--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"cannot save the evaluation's progress in {out / PROGRESS_FILE}" in err
+    assert "No space left on device" in err
+    saved = 0
+    for line in (out / PROGRESS_FILE).read_text().splitlines()[1:]:
+        with contextlib.suppress(json.JSONDecodeError):  # the line the disk cut short
+            json.loads(line)
+            saved += 1
+    assert 0 < saved < 69
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_tasks"] == saved
+    assert summary["success_rate"] == 100.0 and summary["n"] == 69

@@ -134,21 +134,9 @@ def test_sigkill_worker_mid_write_100(shop, tmp_path: Path) -> None:
 
 # -- disk full -----------------------------------------------------------------------------------
 @pytest.fixture
-def small_fs(tmp_path: Path):
+def small_fs(mount_tmpfs) -> Path:
     """A 6 MB tmpfs mounted for the test (needs root); skipped when mounting is not allowed."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip() or proc.returncode})")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    return mount_tmpfs("6m")
 
 
 def _used(path: Path) -> int:
