@@ -36,6 +36,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -99,7 +100,8 @@ class EvaluationProgress:
     (``dropped``, an environment error) is not saved, so a resumed run plays it again. A file that
     cannot be written (a full disk) raises :class:`~birdenv.errors.OutputWriteError` and keeps the
     lines saved before. :meth:`close` stops saving; :meth:`finish` removes the file once the
-    summary is written.
+    summary is written. :attr:`id` names the evaluation across its resumptions (its part of the
+    trajectory store is written under it, so a resumed run that stores again replaces that part).
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class EvaluationProgress:
         self.kept: list[Episode] = []
         self._kept_rows: list[dict[str, Any]] = []
         self.earlier_seconds = 0.0
+        self.id = uuid.uuid4().hex[:12]
         self._run = 0
         self._lock = threading.Lock()
         self._started = time.perf_counter()
@@ -118,7 +121,7 @@ class EvaluationProgress:
         tmp = self.path.with_suffix(".tmp")
         try:
             with tmp.open("w") as fh:
-                fh.write(json.dumps({"settings": self.settings}) + "\n")
+                fh.write(json.dumps({"settings": self.settings, "id": self.id}) + "\n")
                 for row in self._kept_rows:
                     fh.write(json.dumps(row) + "\n")
             os.replace(tmp, self.path)  # the file as it was until the new one is whole
@@ -147,8 +150,9 @@ class EvaluationProgress:
         if not seconds:
             return  # no episode saved: nothing to resume, whatever the settings were
         try:
-            saved = json.loads(lines[0])["settings"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+            header = json.loads(lines[0])
+            saved, self.id = header["settings"], str(header.get("id", self.id))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             raise ValueError(f"{self.path}:1: not the progress of an evaluation") from None
         differ = [
             f"{key}: {saved.get(key)!r} there, {value!r} here"
@@ -796,16 +800,25 @@ def evaluate_policy(
     else:
         for e in episodes:
             e.pred_sqls = submitted(e.messages)
-    TrajectoryStore(store_dir or out_dir).append(
-        row
-        for e in episodes
-        for row in episode_rows(
-            e, category=by_id[e.task_id].category, run=label, stage="eval", mode=mode
-        )
-    )
     order = {t.instance_id: i for i, t in enumerate(tasks)}
     episodes.sort(key=lambda e: (order[e.task_id], e.group))
-    _write_files(out_dir, episodes, by_id, kind)
+    try:
+        TrajectoryStore(store_dir or out_dir).append(
+            (
+                row
+                for e in episodes
+                for row in episode_rows(
+                    e, category=by_id[e.task_id].category, run=label, stage="eval", mode=mode
+                )
+            ),
+            name=f"eval-{progress.id}",
+        )
+        _write_files(out_dir, episodes, by_id, kind)
+    except OSError as exc:
+        raise OutputWriteError(
+            f"cannot write the evaluation's results into {out_dir} ({exc}); its episodes are kept "
+            f"in {progress.path}: make room and run the same command to finish"
+        ) from exc
     seconds = time.perf_counter() - started
     split = {f"{k}_s": round(v, 2) for k, v in timeline.split(started, started + seconds).items()}
     summary = _summarize(episodes, by_id, n)

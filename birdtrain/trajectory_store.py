@@ -20,6 +20,7 @@ turn), ``reward``, ``tokens`` (generated in the turn), ``gen_seconds``, ``env_se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -27,6 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from birdenv.errors import OutputWriteError
 from birdenv.tools import ToolCallError, parse_tool_call
 
 if TYPE_CHECKING:
@@ -142,25 +144,33 @@ class TrajectoryStore:
         """Every Parquet file of the store, in this folder and below."""
         return sorted(self.root.rglob("trajectories/*.parquet"))
 
-    def append(self, rows: Iterable[dict[str, Any]]) -> Path | None:
-        """Write ``rows`` as one new Parquet file (atomically); None when there are none."""
+    def append(self, rows: Iterable[dict[str, Any]], *, name: str | None = None) -> Path | None:
+        """Write ``rows`` as one new Parquet file (atomically); None when there are none.
+
+        A ``name`` makes the write repeatable: a second append under it replaces the first file,
+        so a writer that may run twice (a resumed evaluation) stores its rows once.
+        """
         import duckdb
 
-        rows = [[row.get(name) for name in COLUMNS] for row in rows]
+        rows = [[row.get(column) for column in COLUMNS] for row in rows]
         if not rows:
             return None
         self.dir.mkdir(parents=True, exist_ok=True)
-        target = self.dir / f"part-{time.time_ns()}-{uuid.uuid4().hex[:6]}.parquet"
+        target = self.dir / f"part-{name or f'{time.time_ns()}-{uuid.uuid4().hex[:6]}'}.parquet"
         staging = target.with_suffix(".tmp")
         conn = duckdb.connect()
         try:
-            columns = ", ".join(f'"{name}" {kind}' for name, kind in COLUMNS.items())
+            columns = ", ".join(f'"{column}" {kind}' for column, kind in COLUMNS.items())
             conn.execute(f"CREATE TABLE t ({columns})")
             conn.executemany(f"INSERT INTO t VALUES ({', '.join('?' * len(COLUMNS))})", rows)
             conn.execute(f"COPY t TO '{staging}' (FORMAT parquet)")
+        except duckdb.IOException as exc:  # a full disk: no half-written part is left behind
+            with contextlib.suppress(OSError):
+                staging.unlink(missing_ok=True)
+            raise OutputWriteError(f"cannot write {target} ({exc})") from exc
         finally:
             conn.close()
-        staging.rename(target)
+        staging.replace(target)
         return target
 
     def query(self, sql: str, params: list[Any] | None = None) -> list[tuple]:

@@ -513,6 +513,43 @@ def test_an_interrupted_evaluation_resumes_where_it_stopped(
     assert f"{out / PROGRESS_FILE}:2: not a saved episode" in capsys.readouterr().err
 
 
+def test_an_evaluation_whose_results_cannot_be_written_stores_its_episodes_once(
+    tmp_path: Path, capsys
+) -> None:
+    """Its episodes are played, but a result file cannot be written: a clear error naming the
+    folder and the kept episodes. Run again, it finishes from those without playing them again,
+    and the trajectory store holds each episode once, though both runs wrote it."""
+    out = tmp_path / "oracle"
+    argv = ["eval", "--policy", "oracle", "--suite", "critic-mini", "--limit", "4"]
+    argv += ["--num-envs", "2", "--out", str(out)]
+    out.mkdir()
+    (out / "predictions.jsonl").mkdir()  # in the way of the file the evaluation writes last
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the evaluation's results into {out}" in err
+    assert f"its episodes are kept in {out / PROGRESS_FILE}" in err
+    header, *episodes = (out / PROGRESS_FILE).read_text().splitlines()
+    assert len(episodes) == 4
+    count = "SELECT count(DISTINCT task_id), count(*) FROM trajectories"
+    tasks, rows = TrajectoryStore(out).query(count)[0]
+    assert tasks == 4 and rows >= 4
+
+    # The store's own file cannot be written: the error names it, and nothing half-written stays.
+    (out / "predictions.jsonl").rmdir()
+    staging = out / "trajectories" / f"part-eval-{json.loads(header)['id']}.tmp"
+    staging.mkdir()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {staging.with_suffix('.parquet')}" in err
+    staging.rmdir()
+
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_tasks"] == 4 and summary["success_rate"] == 100.0
+    assert TrajectoryStore(out).query(count)[0] == (4, rows)
+    assert len(TrajectoryStore(out).files()) == 1
+
+
 def test_an_evaluation_on_a_full_disk_keeps_what_it_saved(mount_tmpfs, capsys) -> None:
     """The disk fills while an evaluation saves its episodes: a clear error naming the file, the
     whole lines saved before kept, and with room made the same command resumes from them."""
