@@ -144,6 +144,10 @@ class TrajectoryStore:
         """Every Parquet file of the store, in this folder and below."""
         return sorted(self.root.rglob("trajectories/*.parquet"))
 
+    def parts(self, prefix: str) -> list[Path]:
+        """This folder's own files written under a ``name`` starting with ``prefix``."""
+        return sorted(self.dir.glob(f"part-{prefix}*.parquet"))
+
     def append(self, rows: Iterable[dict[str, Any]], *, name: str | None = None) -> Path | None:
         """Write ``rows`` as one new Parquet file (atomically); None when there are none.
 

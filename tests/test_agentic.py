@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -367,6 +368,57 @@ def test_micro_batches_train_the_step_generated_once(
     for record in steps:
         # Every group holds the scripted pass and fail: the groups stayed whole.
         assert record["agentic/reward_mean"] == 0.5 and record["frac_reward_zero_std"] == 0.0
+
+
+def test_a_resumed_stage4_stores_each_step_once(
+    shop_tasks: list, tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stage 4 stopped after a step's rollouts were stored but before its checkpoint: the resumed
+    run takes that step again, and the trajectory store keeps the rollouts of the run that went on,
+    one batch per step, as ``groups.jsonl`` does."""
+    from transformers import TrainerCallback
+
+    from birdtrain.stages import agentic, train
+    from birdtrain.trajectory_store import TrajectoryStore
+
+    tasks = [t for t in shop_tasks if t.instance_id in ("shop_1", "shop_3")]
+    cfg = _stage4_config(vector="sync", max_new_tokens=200, max_steps=3, save_steps=1)
+    out = tmp_path / "s4"
+
+    class Killed(Exception):
+        pass
+
+    class KillBeforeSecondSave(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 2:  # step 2 trained and its rollouts stored, not yet saved
+                raise Killed
+
+    def scripted(trainer: Any) -> ScriptedPolicy:
+        return ScriptedPolicy(trainer.processing_class, tasks)
+
+    with contextlib.closing(
+        make_vec(2, tasks=tasks, asynchronous=False, vector_kwargs=DISABLED)
+    ) as envs:
+        interrupted = agentic.build_trainer(
+            cfg, model_path=str(tiny), out_dir=out, tasks=tasks, envs=envs, policy=scripted
+        )
+        interrupted.add_callback(KillBeforeSecondSave())
+        with pytest.raises(Killed):
+            train(interrupted)
+        store = TrajectoryStore(out)
+        per_step = "SELECT step, count(DISTINCT episode) FROM trajectories GROUP BY 1 ORDER BY 1"
+        assert store.query(per_step) == [(0, 4), (1, 4)]
+        # As a second round of dynamic sampling in step 2 would have stored it: undone as well.
+        first = store.dir / "part-stage4-step000001-000.parquet"
+        shutil.copy(first, first.with_name("part-stage4-step000001-001.parquet"))
+        assert len(store.parts("stage4-step000001")) == 2
+        capsys.readouterr()
+        agentic.run(cfg, model_path=str(tiny), out_dir=out, tasks=tasks, envs=envs, policy=scripted)
+    assert "resuming from" in capsys.readouterr().out
+    assert store.query(per_step) == [(0, 4), (1, 4), (2, 4)]
+    assert [p.name for p in store.files()] == [
+        f"part-stage4-step{step:06d}-000.parquet" for step in range(3)
+    ]
 
 
 def test_two_grpo_steps_async_tiny_model(shop_tasks: list, tiny: Path, tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -133,10 +134,13 @@ def make_rollout_func(
     model as the actor (scripted baselines, tests); by default the trainer's model generates (vLLM
     when ``stage.use_vllm``). With a ``store`` (a
     :class:`~birdtrain.trajectory_store.TrajectoryStore`) every rollout is appended to it, one row per
-    turn, replaced groups included. With ``groups_path`` each step's own draw is appended there
+    turn, replaced groups included; a run resumed from a checkpoint redoes the steps after it, and
+    their rollouts replace those the interrupted run stored (as in ``groups.jsonl``). With
+    ``groups_path`` each step's own draw is appended there
     (:func:`birdtrain.sampling.record_groups`).
     """
     rng = random.Random(seed)
+    stored: Counter[int] = Counter()  # rollout batches this process stored, by step
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         task_ids, group = prompt_groups(prompts)
@@ -159,7 +163,11 @@ def make_rollout_func(
             spent.generation_s += trajectories.generation_s
             spent.env_steps += trajectories.env_steps
             if store is not None:
-                _store(store, trajectories, trainer.state.global_step, categories or {})
+                step = trainer.state.global_step
+                if not stored:  # the first step of this process: any stored from it on are undone
+                    _forget_steps_from(store, step)
+                _store(store, trajectories, step, stored[step], categories or {})
+                stored[step] += 1
             return [
                 Group(t, [_reward_of(tr, stage.format_reward_weight) for tr in items], items)
                 for t in ids
@@ -219,14 +227,32 @@ def make_rollout_func(
     return rollout_func
 
 
-def _store(store: Any, trajectories: Sequence[Any], step: int, categories: dict) -> None:
+#: The store's parts of stage 4 are named ``stage4-step{step}-{batch}``: a step's rollout
+#: batches (dynamic sampling's rounds) in the order they were drawn.
+STEP_PART = "stage4-step"
+
+
+def _store(
+    store: Any, trajectories: Sequence[Any], step: int, batch: int, categories: dict
+) -> None:
     store.append(
-        row
-        for traj in trajectories
-        for row in episode_rows(
-            traj, category=categories.get(traj.task_id, ""), stage="stage4", step=step
-        )
+        (
+            row
+            for traj in trajectories
+            for row in episode_rows(
+                traj, category=categories.get(traj.task_id, ""), stage="stage4", step=step
+            )
+        ),
+        name=f"{STEP_PART}{step:06d}-{batch:03d}",
     )
+
+
+def _forget_steps_from(store: Any, step: int) -> None:
+    """Remove the parts of ``step`` and later: rollouts of steps an interrupted run took after its
+    last checkpoint, which the resumed run takes again."""
+    for part in store.parts(STEP_PART):
+        if int(part.stem.removeprefix(f"part-{STEP_PART}").split("-")[0]) >= step:
+            part.unlink()
 
 
 def make_reward_func() -> Any:
