@@ -296,7 +296,13 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--temperature", type=float, default=0.0)
     ev.add_argument("--max-turns", type=int, default=5)
     ev.add_argument("--max-new-tokens", type=int, default=512)
-    ev.add_argument("--num-envs", type=int, default=8, help="parallel environments")
+    ev.add_argument(
+        "--num-envs",
+        type=int,
+        default=8,
+        help="episodes played at once: environments in agent mode, prompts per generated batch in "
+        "single mode",
+    )
     ev.add_argument(
         "--ray",
         action="store_true",

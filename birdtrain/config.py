@@ -433,6 +433,11 @@ class EvalConfig:
     max_turns: int = _field(5, "assistant turns per episode")
     max_new_tokens: int = _field(512, "tokens per assistant turn (the whole answer in single mode)")
     temperature: float = _field(0.0, "0: greedy")
+    num_envs: int = _field(
+        8,
+        "episodes played at once: the environments of agent mode, the prompts of each batch in "
+        "single mode (the width of the batch the policy generates for)",
+    )
     modes: list[str] = dataclasses.field(
         default_factory=lambda: ["agent"],
         metadata={
@@ -470,6 +475,8 @@ class EvalConfig:
             raise ValueError(f"eval.modes must list 'agent' and/or 'single', got {self.modes!r}")
         if self.train_tasks < 0:
             raise ValueError(f"eval.train_tasks must be >= 0, got {self.train_tasks}")
+        if self.num_envs < 1:
+            raise ValueError(f"eval.num_envs must be >= 1, got {self.num_envs}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"eval.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"

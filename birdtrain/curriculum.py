@@ -360,6 +360,7 @@ def _evaluate_on(
         max_turns=cfg.eval.max_turns,
         max_new_tokens=cfg.eval.max_new_tokens,
         temperature=cfg.eval.temperature,
+        num_envs=cfg.eval.num_envs,
         label=label,
         suite=suite,
         prompt=cfg.prompt.options(),

@@ -397,10 +397,11 @@ def _single_episodes(
     timeline: Timeline,
     engine_options: dict[str, Any] | None,
     dtype: str,
+    num_envs: int,
     on_episode: Callable[[Episode], None],
 ) -> list[Episode]:
-    """One ``<solution>`` per sample from a model or an endpoint (not judged yet); ``on_episode``
-    sees each answer as it comes."""
+    """One ``<solution>`` per sample from a model or an endpoint (not judged yet), a model's
+    generated ``num_envs`` prompts at a time; ``on_episode`` sees each answer as it comes."""
     from birdtrain.prompts import parse_solution, single_turn_prompt
 
     jobs = [(t, s) for t in tasks for s in range(n)]
@@ -431,10 +432,10 @@ def _single_episodes(
     generator = generation_policy(policy, engine=engine, engine_options=engine_options, dtype=dtype)
     tokenizer = generator.tokenizer
     with timeline.span("generation"):
-        for i in range(0, len(prompts), 8):
+        for i in range(0, len(prompts), num_envs):
             batch = [
                 tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
-                for p in prompts[i : i + 8]
+                for p in prompts[i : i + num_envs]
             ]
             # transformers 5 returns a BatchEncoding (a mapping, not a dict) for tokenize=True.
             batch = [list(ids["input_ids"] if hasattr(ids, "keys") else ids) for ids in batch]
@@ -681,7 +682,7 @@ def _episodes(
     endpoints in plain envs on threads, local models in a vector env through ``collect``)."""
     sampling = {k: settings[k] for k in ("max_new_tokens", "temperature")}
     if mode == "single":
-        keys = ("n", "engine", "prompt", "engine_options", "dtype", "on_episode")
+        keys = ("n", "engine", "prompt", "engine_options", "dtype", "num_envs", "on_episode")
         single = {k: settings[k] for k in keys}
         return _single_episodes(policy, tasks, timeline=timeline, **single, **sampling)
     threads = {k: settings[k] for k in ("n", "num_envs", "max_turns", "prompt", "on_episode")}
@@ -737,13 +738,17 @@ def evaluate_policy(
     report. ``engine_options`` go to the vLLM engine (``gpu_memory_utilization``,
     ``max_model_len``); an agent's episode ends when its context reaches ``max_context`` tokens.
     ``dtype`` is what a local model computes in with the transformers engine (``"bfloat16"``:
-    under autocast, as a stage trained with it samples; the summary's ``dtype``).
+    under autocast, as a stage trained with it samples; the summary's ``dtype``). ``num_envs``
+    episodes are played at once: the vector env's environments (or worker threads) in agent mode,
+    the prompts of each generated batch in single mode.
 
     ``ray=True`` uses the Ray cluster at ``RAY_ADDRESS`` (else a local Ray): a local model's
     episodes run in a Ray vector env (environments and their judging on the nodes), and answers of
     ``mode="single"`` are judged by Ray workers. Reference and endpoint agents play in local
     threads, so ``ray=True`` refuses them in ``mode="agent"``.
     """
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
     kind = _kind_of(policy, tasks, mode, n, temperature, ray)
     prompt = prompt_for(policy, prompt)
     out_dir = Path(out_dir)

@@ -424,6 +424,43 @@ def test_an_evaluation_reads_prompts_as_the_checkpoint_learned_them(tmp_path: Pa
     assert "schema must be one of 'full', 'linked', 'named'" in err
 
 
+def test_num_envs_is_how_many_episodes_play_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """``birdtrain eval --num-envs`` (a curriculum's ``eval.num_envs``) sets the width of the
+    batches the model generates for: in single mode, that many prompts a batch."""
+    from birdtrain.policies import TransformersPolicy
+
+    widths: list[int] = []
+    generate = TransformersPolicy.generate
+
+    def recorded(self: TransformersPolicy, batch: list[list[int]], **kwargs: object) -> list:
+        widths.append(len(batch))
+        return generate(self, batch, **kwargs)
+
+    monkeypatch.setattr(TransformersPolicy, "generate", recorded)
+    argv = ["eval", "--policy", "tiny", "--suite", "critic-mini", "--limit", "5"]
+    argv += ["--mode", "single", "--max-new-tokens", "4", "--out", str(tmp_path / "eval")]
+    assert main([*argv, "--num-envs", "2"]) == 0
+    assert widths == [2, 2, 1]
+    widths.clear()
+    assert main([*argv, "--num-envs", "8"]) == 0
+    assert widths == [5]
+    capsys.readouterr()
+    assert main([*argv, "--num-envs", "0"]) == 2
+    assert "num_envs must be >= 1, got 0" in capsys.readouterr().err
+
+    widths.clear()
+    stages_off = [f"stage{i}.enabled=false" for i in range(1, 5)]
+    argv = ["curriculum", "--preset", "smoke", "--output-dir", str(tmp_path), *stages_off]
+    argv += ["eval.after=[]", "eval.modes=[single]", "eval.max_tasks=5", "eval.max_new_tokens=4"]
+    assert main([*argv, "eval.num_envs=3"]) == 0
+    assert widths == [3, 2]
+    capsys.readouterr()
+    assert main([*argv, "eval.num_envs=0"]) == 2
+    assert "eval.num_envs must be >= 1, got 0" in capsys.readouterr().err
+
+
 def _interrupted(argv: list[str], out: Path, saved: int) -> int:
     """Run ``birdtrain eval`` in a process of its own and kill it (SIGKILL: nothing to clean up)
     once ``saved`` episodes are in its progress file; return how many lines the file held."""
