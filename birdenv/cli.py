@@ -225,6 +225,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         default_sessions_dir,
         is_memory_filesystem,
     )
+    from birdenv.tools import SPEEDUPS_MISSING
 
     root = default_root()
     sessions = default_sessions_dir(root)
@@ -248,6 +249,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         print("strategy         overlay (copy-on-write page overlay VFS)")
     else:
         print(f"strategy         copy (overlay unavailable: {overlay.unavailable_reason()})")
+    print(f"observations     {'Python (' + SPEEDUPS_MISSING + ')' if SPEEDUPS_MISSING else 'C'}")
     return 0
 
 

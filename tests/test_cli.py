@@ -94,6 +94,7 @@ def test_missing_prediction_file_and_doctor() -> None:
     sessions = doctor.stdout.split("sessions ", 1)[1].splitlines()[0].strip()
     assert sessions.endswith(("(disk)", "GiB free)")), doctor.stdout
     assert "open files       soft limit" in doctor.stdout
+    assert "observations     C\n" in doctor.stdout  # the C table formatter is built and in use
 
 
 def test_validate_bird_questions(capsys) -> None:

@@ -103,3 +103,52 @@ def test_schemas_match_transformers_get_json_schema() -> None:
         utils.get_json_schema(execute_sql),
         utils.get_json_schema(submit_solution),
     ] == TOOL_SCHEMAS
+
+
+# Every kind of value a result can hold, and others a caller might pass: text with the characters
+# the formatter escapes and cuts, numbers at their edges, blobs, subclasses, objects of their own.
+_VALUES = st.one_of(
+    st.none(),
+    st.text(alphabet=st.sampled_from("ab|\n\\é\x00 \U0001f600"), max_size=130),
+    st.text(max_size=40),
+    st.text(alphabet="x", min_size=97, max_size=103),  # about the cut
+    st.integers(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.binary(max_size=20),
+    st.booleans(),
+    st.builds(bytearray, st.binary(max_size=5)),
+    st.builds(type("Text", (str,), {}), st.text(alphabet="x|\n", max_size=110)),
+    st.builds(type("Whole", (int,), {}), st.integers()),
+    st.builds(type("Real", (float,), {}), st.floats()),
+    st.decimals(allow_nan=False),
+)
+
+
+@given(
+    columns=st.lists(st.text(alphabet="ab|\n", max_size=105), max_size=4),
+    rows=st.lists(st.tuples(_VALUES, _VALUES, _VALUES) | st.lists(_VALUES, max_size=4), max_size=5),
+)
+def test_the_c_table_is_the_rule(columns: list[str], rows: list) -> None:
+    """``birdenv._speedups.table``, which formats every step's result, gives exactly the text of
+    the rule in ``birdenv.tools`` (``_cell`` per value), and raises what it raises."""
+    speedups = pytest.importorskip("birdenv._speedups", reason="built without a C compiler")
+    from birdenv import tools
+
+    assert tools._render_table is speedups.table  # what format_observation uses
+    assert speedups.table(columns, rows) == tools._table(columns, rows)
+
+
+def test_the_c_table_raises_what_the_rule_raises() -> None:
+    speedups = pytest.importorskip("birdenv._speedups", reason="built without a C compiler")
+    from birdenv import tools
+
+    class Broken:
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    for rows in ([(1, Broken())], [5], None):
+        with pytest.raises((RuntimeError, TypeError)) as c_error:
+            speedups.table(["a"], rows)
+        with pytest.raises(type(c_error.value)):
+            tools._table(["a"], rows)
