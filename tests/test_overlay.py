@@ -109,8 +109,21 @@ def store_figures(store: Path) -> dict | None:
     return found[0] if found else None
 
 
-def connect_overlay(session: Path, base_path: Path, **kw) -> sqlite3.Connection:
-    return sqlite3.connect(overlay.session_uri(session, base_path, **kw), uri=True)
+def connect_overlay(
+    session: Path, base_path: Path, *, in_place: bool = False, **kw
+) -> sqlite3.Connection:
+    """A connection to an overlay session; ``in_place``: unchanged base pages are read in place
+    from the base's map (``PRAGMA mmap_size``, as the replica pool sets it)."""
+    conn = sqlite3.connect(overlay.session_uri(session, base_path, **kw), uri=True)
+    if in_place:
+        conn.execute(f"PRAGMA mmap_size = {1 << 30}")
+    return conn
+
+
+@pytest.fixture(params=[False, True], ids=["read", "in-place"])
+def in_place(request) -> bool:
+    """Whether a test's connections read unchanged base pages in place (mmap) or through xRead."""
+    return request.param
 
 
 def run_like_evaluator(conn: sqlite3.Connection, statements, prelude=EVALUATOR_PRELUDE) -> list:
@@ -315,14 +328,14 @@ CASES = [(name, EVALUATOR_PRELUDE) for name in SEQUENCES] + [
     CASES,
     ids=[f"{n}-{'wal' if len(p) == 2 else 'rollback'}" for n, p in CASES],
 )
-def test_parity_with_private_copy(base, tmp_path, name, prelude, pages):
+def test_parity_with_private_copy(base, tmp_path, name, prelude, pages, in_place):
     before = sha256(base)
     copy = tmp_path / "copy.sqlite"
     shutil.copyfile(base, copy)
     session = tmp_path / "session.sqlite"
     with closing(sqlite3.connect(copy)) as ref_conn:
         expected = run_like_evaluator(ref_conn, SEQUENCES[name], prelude)
-    with closing(connect_overlay(session, base, pages=pages)) as ovl_conn:
+    with closing(connect_overlay(session, base, pages=pages, in_place=in_place)) as ovl_conn:
         got = run_like_evaluator(ovl_conn, SEQUENCES[name], prelude)
     assert got == expected
     with closing(sqlite3.connect(copy)) as ref_conn:
@@ -333,6 +346,61 @@ def test_parity_with_private_copy(base, tmp_path, name, prelude, pages):
         assert ovl_conn.execute("PRAGMA page_size").fetchall() == ref_pages
     overlay.discard(session)
     assert sha256(base) == before
+
+
+@pytest.mark.parametrize("journal_mode", ["wal", "delete"])
+def test_pages_read_in_place_while_the_session_changes_them(base, tmp_path, journal_mode, pages):
+    """A cursor reading base pages in place while its own connection rewrites those pages, and a
+    second session on the same base that must never see them: the same rows as on a private copy
+    mapped by SQLite's own VFS."""
+    copy = tmp_path / "copy.sqlite"
+    shutil.copyfile(base, copy)
+    ref = sqlite3.connect(copy)
+    ref.execute(f"PRAGMA mmap_size = {1 << 30}")
+    a = connect_overlay(tmp_path / "a.sqlite", base, pages=pages, in_place=True)
+    b = connect_overlay(tmp_path / "b.sqlite", base, pages=pages, in_place=True)
+    try:
+
+        def script(conn: sqlite3.Connection) -> list:
+            conn.execute(f"PRAGMA journal_mode = {journal_mode}")
+            conn.execute("PRAGMA cache_size = 20")  # spill changed pages into the file early
+            out = []
+            for rnd in range(6):
+                reader = conn.execute(
+                    "SELECT id, customer_id, amount, note FROM orders ORDER BY id"
+                )
+                out.append(reader.fetchmany(700 * (rnd + 1)))
+                conn.execute(
+                    f"UPDATE orders SET note = printf('%0150d', id), amount = amount + {rnd} "
+                    f"WHERE id % 6 = {rnd}"
+                )
+                conn.execute(f"DELETE FROM customers WHERE id % 11 = {rnd}")
+                conn.commit()
+                out.append(reader.fetchall())  # pages fetched before the writes, and after
+                if rnd % 2:
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                out.append(conn.execute("SELECT sum(amount), count(*) FROM orders").fetchall())
+                out.append(
+                    conn.execute(
+                        "SELECT count(*), sum(length(note)) FROM orders WHERE id % 6 = ?", (rnd,)
+                    ).fetchall()
+                )
+            out.append(conn.execute("PRAGMA integrity_check").fetchall())
+            return out
+
+        assert script(a) == script(ref)
+        # the other session still sees the base, page for page
+        pristine = sqlite3.connect(base)
+        try:
+            assert dump(b) == dump(pristine)
+        finally:
+            pristine.close()
+        assert dump(a) == dump(ref)
+    finally:
+        for conn in (ref, a, b):
+            conn.close()
+    overlay.discard(tmp_path / "a.sqlite")
+    overlay.discard(tmp_path / "b.sqlite")
 
 
 def test_rewriting_identical_pages_is_free(base, tmp_path, pages):
@@ -416,12 +484,12 @@ def test_isolation_many_sessions_and_a_second_process(base, tmp_path):
 
 
 @pytest.mark.parametrize("journal_mode", ["wal", "delete"])
-def test_two_connections_share_one_session(base, tmp_path, journal_mode, pages):
+def test_two_connections_share_one_session(base, tmp_path, journal_mode, pages, in_place):
     """Writes and checkpoints by one connection are seen by the other (side-file reloads, or the
-    one in-memory state of a session on shared pages)."""
+    one in-memory state of a session on shared pages), whether they read base pages in place."""
     session = tmp_path / "s.sqlite"
-    a = connect_overlay(session, base, pages=pages)
-    b = connect_overlay(session, base, pages=pages)
+    a = connect_overlay(session, base, pages=pages, in_place=in_place)
+    b = connect_overlay(session, base, pages=pages, in_place=in_place)
     try:
         for conn in (a, b):
             conn.execute("PRAGMA synchronous = OFF")

@@ -303,8 +303,9 @@ class Campaign(RuleBasedStateMachine):
         driver=st.sampled_from(DRIVERS),
         count=st.integers(1, MAX_SESSIONS),
         journal=st.sampled_from(JOURNAL_MODES),
+        in_place=st.booleans(),
     )
-    def build(self, page_size, base_journal, rows, blob, driver, count, journal) -> None:
+    def build(self, page_size, base_journal, rows, blob, driver, count, journal, in_place) -> None:
         type(self).examples += 1
         self.tmp = Path(tempfile.mkdtemp(prefix="ovlfuzz-", dir=os.environ.get("FUZZ_TMP")))
         self.driver = driver
@@ -323,6 +324,11 @@ class Campaign(RuleBasedStateMachine):
             self.base_path = self.pool.store.base_for(self.task.db_path).path
         self.base_sha = file_sha256(self.base_path)
         self.journal = journal
+        # raw connections read unchanged base pages in place (mmap) in half the examples, the
+        # pool's sessions always (the pool sets it); their references then map their copies too
+        self.prelude = ["PRAGMA synchronous = OFF"]
+        if in_place and driver in RAW:
+            self.prelude.append(f"PRAGMA mmap_size = {1 << 30}")
         for i in range(count):
             self._open(i)
 
@@ -339,7 +345,7 @@ class Campaign(RuleBasedStateMachine):
             ]
             # synchronous=OFF: fsyncs would dominate the run time. Compared, not assumed to work: a rollback under journal_mode=OFF (undefined in
             # SQLite) can leave both a session and its reference malformed, identically.
-            for sql in ("PRAGMA synchronous = OFF", f"PRAGMA journal_mode = {self.journal}"):
+            for sql in (*self.prelude, f"PRAGMA journal_mode = {self.journal}"):
                 answers = [raw_execute(conn, sql) for conn in pair]
                 assert answers[0] == answers[1], (sql, answers)
         else:
@@ -410,9 +416,11 @@ class Campaign(RuleBasedStateMachine):
             sqlite3.connect(self.tmp / f"ref-{which}.sqlite", isolation_level=None, timeout=0),
         ]
         try:
-            answers = [raw_execute(conn, "PRAGMA synchronous = OFF") for conn in pair]
-            answers += [(raw_execute(conn, sql), view(conn)) for conn in pair]
-            assert answers[2] == answers[3], (sql, answers[2], answers[3])
+            for setting in self.prelude:
+                answers = [raw_execute(conn, setting) for conn in pair]
+                assert answers[0] == answers[1], (setting, answers)
+            answers = [(raw_execute(conn, sql), view(conn)) for conn in pair]
+            assert answers[0] == answers[1], (sql, answers[0], answers[1])
         finally:
             for conn in pair:
                 conn.close()
@@ -440,7 +448,7 @@ class Campaign(RuleBasedStateMachine):
         uri = overlay.session_uri(self.tmp / f"s-{which}.db", self.base_path)
         ref_path = self.tmp / f"ref-{which}.sqlite"
         script = [
-            "PRAGMA synchronous = OFF",
+            *self.prelude,
             f"PRAGMA journal_mode = {journal}",
             "PRAGMA cache_size = 2",
             "BEGIN",

@@ -32,7 +32,8 @@ DENIED_FUNCTIONS = frozenset(
     {"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer", "zipfile", "lsdir"}
 )
 #: Pragmas that change where SQLite writes, or that could escape the session's files.
-# mmap_size: the overlay serves pages through xRead; a map of the private sparse file would not.
+# mmap_size: the pool sets it so that the overlay reads unchanged base pages in place; a session
+# that changed it would read differently from its siblings, never differently in content.
 # hard/soft_heap_limit: process-wide, so one session would starve every other one in its process.
 DENIED_PRAGMAS = frozenset(
     {

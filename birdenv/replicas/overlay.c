@@ -44,6 +44,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -78,6 +79,9 @@ typedef struct OvlFile {
   i64 nSet;             /* number of set bits = private data blocks */
   char *zOvl;           /* path of P-ovl */
   struct ShState *sh;   /* shared-pages sessions: the session's state (else NULL) */
+  i64 mmapLimit;        /* SQLite's mmap_size: base pages below it may be read in place */
+  const uint8_t *map;   /* the base's read-only map (see baseMap), once a fetch asked for it */
+  i64 mapLen;
 } OvlFile;
 
 typedef struct OvlHdr {
@@ -330,6 +334,9 @@ typedef struct BaseRef {
   ino_t ino;
   int fd;
   int nRef;
+  int mapTried;     /* a map was asked for (and is in map, unless mmap failed) */
+  uint8_t *map;     /* the whole file, read-only, shared by every session on it */
+  i64 mapLen;
   struct BaseRef *next;
 } BaseRef;
 
@@ -365,6 +372,9 @@ static int baseAcquire(const char *zPath, int *pFd, i64 *pSize) {
   r->ino = st.st_ino;
   r->fd = fd;
   r->nRef = 1;
+  r->mapTried = 0;
+  r->map = NULL;
+  r->mapLen = 0;
   r->next = baseRefs;
   baseRefs = r;
   *pFd = fd;
@@ -381,10 +391,47 @@ static void baseRelease(int fd) {
   }
   if (r && --r->nRef == 0) {
     *pp = r->next;
+    if (r->map) munmap(r->map, (size_t)r->mapLen);
     close(r->fd);
     free(r);
   }
   pthread_mutex_unlock(&baseMutex);
+}
+
+/* The read-only map of the whole base open as fd, made on first use and shared like the
+ * descriptor (it lives until the descriptor's last session closes, after SQLite has let go of
+ * every page it fetched), or NULL when it cannot be mapped: reads then go through xRead. A base
+ * never changes, so its map never needs remapping. */
+static const uint8_t *baseMap(int fd, i64 *pLen) {
+  BaseRef *r;
+  struct stat st;
+  pthread_mutex_lock(&baseMutex);
+  for (r = baseRefs; r && r->fd != fd; r = r->next) {
+  }
+  if (r && !r->mapTried) {
+    r->mapTried = 1;
+    if (fstat(fd, &st) == 0 && st.st_size > 0) {
+      void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+      if (m != MAP_FAILED) {
+        r->map = m;
+        r->mapLen = st.st_size;
+      }
+    }
+  }
+  const uint8_t *map = r ? r->map : NULL;
+  *pLen = r ? r->mapLen : 0;
+  pthread_mutex_unlock(&baseMutex);
+  return map;
+}
+
+/* Whether SQLite may read iAmt bytes at iOfst in place from the base map, as far as the limit it
+ * set, the alignment and the map itself tell (the caller checks which blocks the session changed). */
+static int fetchable(OvlFile *p, int baseFd, i64 iOfst, int iAmt) {
+  if (p->mmapLimit <= 0 || iOfst + iAmt > p->mmapLimit || iOfst % OVL_BLK || iAmt % OVL_BLK ||
+      iAmt <= 0)
+    return 0;
+  if (!p->map && p->mapLen == 0 && !(p->map = baseMap(baseFd, &p->mapLen))) p->mapLen = -1;
+  return p->map && iOfst + iAmt <= p->mapLen;
 }
 
 /* ---------------------------------------------------------------- main-db io methods */
@@ -614,6 +661,12 @@ static int ovlFileControl(sqlite3_file *pFile, int op, void *pArg) {
     case SQLITE_FCNTL_SIZE_HINT:  /* would preallocate P to the logical size */
     case SQLITE_FCNTL_CHUNK_SIZE: /* same */
       return SQLITE_OK;
+    case SQLITE_FCNTL_MMAP_SIZE: { /* the limit for ovlFetch; P itself is never mapped */
+      const i64 limit = *(i64 *)pArg;
+      *(i64 *)pArg = p->mmapLimit;
+      if (limit >= 0) p->mmapLimit = limit;
+      return SQLITE_OK;
+    }
     case SQLITE_FCNTL_VFSNAME: {
       int rc = p->pReal->pMethods->xFileControl(p->pReal, op, pArg);
       char *inner = rc == SQLITE_OK ? *(char **)pArg : NULL;
@@ -637,6 +690,25 @@ static int ovlDeviceCharacteristics(sqlite3_file *pFile) {
   return p->pReal->pMethods->xDeviceCharacteristics(p->pReal) &
          ~(0x1ff | SQLITE_IOCAP_BATCH_ATOMIC | SQLITE_IOCAP_SAFE_APPEND | SQLITE_IOCAP_SEQUENTIAL);
 }
+
+/* Version 3: SQLite may read a page in place (PRAGMA mmap_size) when every block of it still
+ * shows the base: a pointer into the base's shared map, which never changes. A page the session
+ * changed, or one past the base limit, is read through xRead. SQLite fetches only while it holds a
+ * read lock, under which the bitmap is current, and it never writes through a fetched page. */
+static int ovlFetch(sqlite3_file *pFile, i64 iOfst, int iAmt, void **pp) {
+  OvlFile *p = (OvlFile *)pFile;
+  *pp = NULL;
+  if (iOfst + iAmt > p->size || iOfst + iAmt > p->baseLimit ||
+      !fetchable(p, p->baseFd, iOfst, iAmt))
+    return SQLITE_OK;
+  for (i64 b = iOfst / OVL_BLK; b < (iOfst + iAmt) / OVL_BLK; b++)
+    if (testBit(p, b)) return SQLITE_OK;
+  *pp = (void *)(p->map + iOfst);
+  return SQLITE_OK;
+}
+
+/* Nothing to release: the map outlives every fetched page (see baseMap). */
+static int ovlUnfetch(sqlite3_file *pFile, i64 iOfst, void *pPage) { return SQLITE_OK; }
 
 static int ovlShmMap(sqlite3_file *pFile, int iPg, int pgsz, int bExtend, void volatile **pp) {
   OvlFile *p = (OvlFile *)pFile;
@@ -666,9 +738,9 @@ static int ovlShmUnmap(sqlite3_file *pFile, int deleteFlag) {
   return p->pReal->pMethods->xShmUnmap(p->pReal, deleteFlag);
 }
 
-/* Version 2: shared memory, but no xFetch, so SQLite never memory-maps P directly. */
+/* SQLite never memory-maps P itself: its fetches come to ovlFetch. */
 static const sqlite3_io_methods ovlMainMethods = {
-    2,
+    3,
     ovlClose,
     ovlRead,
     ovlWrite,
@@ -685,8 +757,8 @@ static const sqlite3_io_methods ovlMainMethods = {
     ovlShmLock,
     ovlShmBarrier,
     ovlShmUnmap,
-    0,
-    0,
+    ovlFetch,
+    ovlUnfetch,
 };
 
 /* ---------------------------------------------------------------- shared pages: the store
@@ -1526,10 +1598,29 @@ static int shClose(sqlite3_file *pFile) {
   return rc;
 }
 
-/* Version 2: shared memory, but no xFetch. Locks, shared memory, file controls and device
- * characteristics are the private overlay's: both delegate them to P. */
+/* ovlFetch for a session whose changed pages are shared: a page maps in place when none of its
+ * blocks is mapped to the store and it lies below the base limit. */
+static int shFetch(sqlite3_file *pFile, i64 iOfst, int iAmt, void **pp) {
+  OvlFile *p = (OvlFile *)pFile;
+  ShState *st = p->sh;
+  *pp = NULL;
+  if (!fetchable(p, st->store->baseFd, iOfst, iAmt)) return SQLITE_OK;
+  pthread_mutex_lock(&st->mu);
+  int ok = iOfst + iAmt <= st->size && iOfst + iAmt <= st->baseLimit;
+  const ShGroup *g = NULL;
+  for (i64 b = iOfst / OVL_BLK; ok && b < (iOfst + iAmt) / OVL_BLK; b++) {
+    if (b == iOfst / OVL_BLK || b % GRP == 0) g = st->gLen ? grpFind(st, b / GRP) : NULL;
+    ok = !g || g->loc[b % GRP] == 0;
+  }
+  pthread_mutex_unlock(&st->mu);
+  if (ok) *pp = (void *)(p->map + iOfst);
+  return SQLITE_OK;
+}
+
+/* Locks, shared memory, file controls and device characteristics are the private overlay's: both
+ * delegate them to P. */
 static const sqlite3_io_methods ovlSharedMethods = {
-    2,
+    3,
     shClose,
     shRead,
     shWrite,
@@ -1546,8 +1637,8 @@ static const sqlite3_io_methods ovlSharedMethods = {
     shShmLock,
     ovlShmBarrier,
     ovlShmUnmap,
-    0,
-    0,
+    shFetch,
+    ovlUnfetch,
 };
 
 /* ---------------------------------------------------------------- capped journal / WAL */
@@ -1904,6 +1995,8 @@ static int twinOpen(sqlite3_vfs *v, Twin *t) {
   }
   t->f->pMethods->xLock(t->f, SQLITE_LOCK_SHARED);
   t->f->pMethods->xLock(t->f, SQLITE_LOCK_EXCLUSIVE);
+  i64 limit = (i64)1 << 40; /* what PRAGMA mmap_size sets: fetches in place are allowed */
+  t->f->pMethods->xFileControl(t->f, SQLITE_FCNTL_MMAP_SIZE, &limit);
   return SQLITE_OK;
 }
 
@@ -1930,6 +2023,7 @@ static const char *selftest(const char *zVfs, const char *zSess, const char *zBa
   uint8_t *buf = malloc(1 << 17), *exp = malloc(1 << 17);
   Mirror base = {0, 0, 0};
   const char *err = NULL;
+  long fetched = 0; /* pages read in place */
   int rc;
   uint64_t s = seed ? seed : 88172645463325252ULL;
 #define FAIL(...)                       \
@@ -1993,6 +2087,19 @@ static const char *selftest(const char *zVfs, const char *zSess, const char *zBa
         FAIL("step %ld: write rc=%d", step, rc);
       if (off + n > m->n && mirrorResize(m, off + n)) FAIL("oom");
       memcpy(m->d + off, buf, (size_t)n);
+    } else if (op == 6 && (xorshift(&s) & 1)) { /* fetch a page in place: never other bytes */
+      const i64 n = (i64)1 << (9 + xorshift(&s) % 8);
+      const i64 off = (i64)(xorshift(&s) % (uint64_t)((m->n + n) / n + 1)) * n;
+      void *page = NULL;
+      if ((rc = a->f->pMethods->xFetch(a->f, off, (int)n, &page)) != SQLITE_OK)
+        FAIL("step %ld: fetch rc=%d", step, rc);
+      if (page) {
+        fetched++;
+        if (off + n > m->n || memcmp(page, m->d + off, (size_t)n))
+          FAIL("step %ld: fetch off=%lld n=%lld shows other bytes", step, (long long)off,
+               (long long)n);
+        a->f->pMethods->xUnfetch(a->f, off, page);
+      }
     } else if (op < 7) { /* read */
       i64 off = (i64)(xorshift(&s) % (uint64_t)(m->n + OVL_BLK + 1));
       i64 n = 1 + (i64)(xorshift(&s) % (8 * OVL_BLK));
@@ -2047,6 +2154,7 @@ static const char *selftest(const char *zVfs, const char *zSess, const char *zBa
       if (e) FAIL("step %ld: %s", step, e);
     }
   }
+  if (steps >= 1000 && base.n >= 4096 && !fetched) FAIL("no page was ever read in place");
   for (int i = 0; i < 2; i++) { /* reset both: the store and its files must be gone */
     twinClose(&tw[i]);
     if (share) shRelease(tw[i].zPath);

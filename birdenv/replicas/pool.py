@@ -418,6 +418,11 @@ class ReplicaPool:
             def connect() -> sqlite3.Connection:
                 conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
                 _tune(conn)
+                # Unchanged base pages are read in place from one map of the base that every
+                # session of the process shares (the overlay's xFetch): no copy into each
+                # session's page cache, which a scan larger than that cache would repeat on every
+                # run. The guard keeps statements from changing it.
+                conn.execute(f"PRAGMA mmap_size = {base.size}")
                 return conn
 
             return connect
