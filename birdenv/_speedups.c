@@ -10,6 +10,11 @@
  *   float format(value, ".10g")
  *   other str(value), escaped like text
  * and a text longer than MAX_CELL_CHARS is cut to MAX_CELL_CHARS - 3 characters plus "...".
+ *
+ * And the tool-call parser, every step's first work: parse_tool_call is the rule of
+ * birdenv.tools._parse_tool_call (find the one <tool_call> block, decode its JSON as json.loads
+ * does, check the call), with the same ToolCall results and the same ToolCallError messages.
+ * birdenv.tools hands it the types and json's scanner once (configure).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -119,7 +124,266 @@ done:
     return text;
 }
 
+/* ------------------------------------------------------------------ the tool-call parser */
+
+static PyObject *ToolCall, *ToolCallError, *scan_once, *JSONDecodeError;
+static PyObject *s_open_tag, *s_close_tag, *s_name, *s_arguments, *s_execute_sql,
+    *s_submit_solution, *s_sql, *s_sql_list, *s_expecting_value, *s_extra_data, *s_bom;
+
+static PyObject *configure(PyObject *module, PyObject *args)
+{
+    PyObject *a, *b, *c, *d;
+    if (!PyArg_ParseTuple(args, "OOOO:configure", &a, &b, &c, &d))
+        return NULL;
+    Py_INCREF(a);
+    Py_INCREF(b);
+    Py_INCREF(c);
+    Py_INCREF(d);
+    Py_XSETREF(ToolCall, a);
+    Py_XSETREF(ToolCallError, b);
+    Py_XSETREF(scan_once, c);
+    Py_XSETREF(JSONDecodeError, d);
+    Py_RETURN_NONE;
+}
+
+/* Raise ToolCallError(message), taking the reference to message; always NULL. */
+static PyObject *fail(PyObject *message)
+{
+    if (message != NULL) {
+        PyErr_SetObject(ToolCallError, message);
+        Py_DECREF(message);
+    }
+    return NULL;
+}
+
+static Py_ssize_t skip_ws(PyObject *text, Py_ssize_t i, Py_ssize_t n)
+{
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    while (i < n) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
+            break;
+        i++;
+    }
+    return i;
+}
+
+static void json_error(PyObject *msg, PyObject *text, Py_ssize_t pos)
+{
+    PyObject *exc = PyObject_CallFunction(JSONDecodeError, "OOn", msg, text, pos);
+    if (exc != NULL) {
+        PyErr_SetObject(JSONDecodeError, exc);
+        Py_DECREF(exc);
+    }
+}
+
+/* json.loads(text) for a str, with json's own errors (JSONDecodeError, RecursionError). */
+static PyObject *json_value(PyObject *text)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    if (n > 0 && PyUnicode_READ_CHAR(text, 0) == 0xFEFF) {
+        json_error(s_bom, text, 0);
+        return NULL;
+    }
+    PyObject *result = PyObject_CallFunction(scan_once, "On", text, skip_ws(text, 0, n));
+    if (result == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_StopIteration)) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            PyObject *at = value ? PyObject_GetAttrString(value, "value") : NULL;
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            if (at == NULL)
+                return NULL;
+            Py_ssize_t pos = PyLong_AsSsize_t(at);
+            Py_DECREF(at);
+            if (pos == -1 && PyErr_Occurred())
+                return NULL;
+            json_error(s_expecting_value, text, pos);
+        }
+        return NULL;
+    }
+    PyObject *value = NULL;
+    Py_ssize_t end;
+    if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) != 2) {
+        PyErr_SetString(PyExc_TypeError, "json's scanner returned something other than (value, end)");
+    } else if ((end = PyLong_AsSsize_t(PyTuple_GET_ITEM(result, 1))) == -1 && PyErr_Occurred()) {
+    } else if ((end = skip_ws(text, end, n)) != n) {
+        json_error(s_extra_data, text, end);
+    } else {
+        value = PyTuple_GET_ITEM(result, 0);
+        Py_INCREF(value);
+    }
+    Py_DECREF(result);
+    return value;
+}
+
+static PyObject *parse_tool_call(PyObject *module, PyObject *text)
+{
+    if (ToolCall == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "birdenv._speedups.configure was not called");
+        return NULL;
+    }
+    if (!PyUnicode_Check(text)) {
+        PyErr_Format(PyExc_TypeError, "a turn is text, not %.100s", Py_TYPE(text)->tp_name);
+        return NULL;
+    }
+    /* the blocks: each <tool_call> closed by the first </tool_call> after it */
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), first = -1, first_end = -1, count = 0;
+    const Py_ssize_t lo = PyUnicode_GET_LENGTH(s_open_tag), lc = PyUnicode_GET_LENGTH(s_close_tag);
+    Py_ssize_t start = PyUnicode_Find(text, s_open_tag, 0, n, 1);
+    while (start >= 0) {
+        Py_ssize_t end = PyUnicode_Find(text, s_close_tag, start + lo, n, 1);
+        if (end == -2)
+            return NULL;
+        if (end < 0)
+            break;
+        if (count++ == 0) {
+            first = start + lo;
+            first_end = end;
+        }
+        start = PyUnicode_Find(text, s_open_tag, end + lc, n, 1);
+    }
+    if (start == -2)
+        return NULL;
+    if (count == 0) {
+        int opened = PyUnicode_Contains(text, s_open_tag);
+        if (opened < 0)
+            return NULL;
+        return fail(PyUnicode_FromFormat(
+            "no tool call found%s; call exactly one tool per turn",
+            opened ? " (found <tool_call> without </tool_call>)" : ""));
+    }
+    if (count > 1)
+        return fail(PyUnicode_FromFormat(
+            "%zd tool calls in one turn; call exactly one tool per turn", count));
+    PyObject *block = PyUnicode_Substring(text, first, first_end);
+    if (block == NULL)
+        return NULL;
+    PyObject *call = json_value(block);
+    Py_DECREF(block);
+    if (call == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_RecursionError)) {
+            PyErr_Clear();
+            return fail(PyUnicode_FromString("the tool call is not valid JSON: nested too deeply"));
+        }
+        if (!PyErr_ExceptionMatches(JSONDecodeError))
+            return NULL;
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        PyObject *msg = value ? PyObject_GetAttrString(value, "msg") : NULL;
+        PyObject *pos = value ? PyObject_GetAttrString(value, "pos") : NULL;
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        PyObject *message = NULL;
+        if (msg != NULL && pos != NULL && PyUnicode_Check(msg)) {
+            /* json's message for a control character already ends in " at" */
+            PyObject *trimmed = PyObject_CallMethod(msg, "removesuffix", "s", " at");
+            if (trimmed != NULL) {
+                message = PyUnicode_FromFormat("the tool call is not valid JSON: %U at char %S",
+                                               trimmed, pos);
+                Py_DECREF(trimmed);
+            }
+        } else if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "a JSONDecodeError without msg and pos");
+        }
+        Py_XDECREF(msg);
+        Py_XDECREF(pos);
+        return fail(message);
+    }
+    PyObject *result = NULL, *name = NULL, *arguments = NULL, *key = NULL;
+    int is_sql = 0;
+    if (PyDict_Check(call)) {
+        name = PyDict_GetItemWithError(call, s_name);
+        if (name == NULL && PyErr_Occurred())
+            goto done;
+    }
+    if (name == NULL || !PyUnicode_Check(name)) {
+        name = NULL; /* borrowed, not ours to release */
+        fail(PyUnicode_FromString(
+            "a tool call must be a JSON object {\"name\": ..., \"arguments\": {...}}"));
+        goto done;
+    }
+    Py_INCREF(name);
+    if (PyUnicode_Compare(name, s_execute_sql) == 0) {
+        is_sql = 1;
+        key = s_sql;
+    } else if (PyUnicode_Compare(name, s_submit_solution) == 0) {
+        key = s_sql_list;
+    } else {
+        if (!PyErr_Occurred())
+            fail(PyUnicode_FromFormat(
+                "unknown tool %R; the tools are execute_sql and submit_solution", name));
+        goto done;
+    }
+    arguments = PyDict_GetItemWithError(call, s_arguments);
+    if (arguments == NULL) {
+        if (PyErr_Occurred())
+            goto done;
+        arguments = PyDict_New();
+    } else {
+        Py_INCREF(arguments);
+    }
+    if (arguments == NULL)
+        goto done;
+    if (PyUnicode_Check(arguments)) { /* some models emit the arguments JSON-encoded twice */
+        PyObject *decoded = json_value(arguments);
+        if (decoded != NULL) {
+            Py_SETREF(arguments, decoded);
+        } else if (PyErr_ExceptionMatches(JSONDecodeError) ||
+                   PyErr_ExceptionMatches(PyExc_RecursionError)) {
+            PyErr_Clear();
+        } else {
+            goto done;
+        }
+    }
+    PyObject *value = NULL;
+    if (PyDict_Check(arguments) && PyDict_GET_SIZE(arguments) == 1) {
+        value = PyDict_GetItemWithError(arguments, key);
+        if (value == NULL && PyErr_Occurred())
+            goto done;
+    }
+    if (value == NULL) {
+        fail(PyUnicode_FromFormat("%U takes exactly one argument, %R", name, key));
+        goto done;
+    }
+    if (is_sql && !PyUnicode_Check(value)) {
+        fail(PyUnicode_FromFormat("%U: %R must be a string", name, key));
+        goto done;
+    }
+    if (!is_sql) {
+        int ok = PyList_Check(value);
+        for (Py_ssize_t i = 0; ok && i < PyList_GET_SIZE(value); i++)
+            ok = PyUnicode_Check(PyList_GET_ITEM(value, i));
+        if (!ok) {
+            fail(PyUnicode_FromFormat("%U: %R must be a list of SQL strings", name, key));
+            goto done;
+        }
+    }
+    PyObject *checked = PyDict_New();
+    if (checked == NULL)
+        goto done;
+    if (PyDict_SetItem(checked, key, value) == 0)
+        result = PyObject_CallFunctionObjArgs(ToolCall, name, checked, NULL);
+    Py_DECREF(checked);
+done:
+    Py_XDECREF(name);
+    Py_XDECREF(arguments);
+    Py_DECREF(call);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(ToolCall, ToolCallError, scan_once, JSONDecodeError): what parse_tool_call makes "
+     "and raises, and json's scanner."},
+    {"parse_tool_call", parse_tool_call, METH_O,
+     "The single tool call of a turn, as birdenv.tools' rule parses it."},
     {"table", table, METH_VARARGS,
      "table(columns, rows): the header line and one line per row, joined by newlines."},
     {NULL, NULL, 0, NULL},
@@ -127,7 +391,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "birdenv._speedups",
-    "The observation formatter's table in C (the rule is birdenv.tools')", -1, methods,
+    "The observation table and the tool-call parser in C (the rules are birdenv.tools')", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__speedups(void)
@@ -144,6 +408,20 @@ PyMODINIT_FUNC PyInit__speedups(void)
     s_close = PyUnicode_InternFromString(" |");
     s_eol = PyUnicode_InternFromString("\n");
     s_empty = PyUnicode_InternFromString("");
+    s_open_tag = PyUnicode_InternFromString("<tool_call>");
+    s_close_tag = PyUnicode_InternFromString("</tool_call>");
+    s_name = PyUnicode_InternFromString("name");
+    s_arguments = PyUnicode_InternFromString("arguments");
+    s_execute_sql = PyUnicode_InternFromString("execute_sql");
+    s_submit_solution = PyUnicode_InternFromString("submit_solution");
+    s_sql = PyUnicode_InternFromString("sql");
+    s_sql_list = PyUnicode_InternFromString("sql_list");
+    s_expecting_value = PyUnicode_InternFromString("Expecting value");
+    s_extra_data = PyUnicode_InternFromString("Extra data");
+    s_bom = PyUnicode_InternFromString("Unexpected UTF-8 BOM (decode using utf-8-sig)");
+    if (!s_open_tag || !s_close_tag || !s_name || !s_arguments || !s_execute_sql ||
+        !s_submit_solution || !s_sql || !s_sql_list || !s_expecting_value || !s_extra_data || !s_bom)
+        return NULL;
     if (!s_null || !s_newline || !s_esc_newline || !s_bar || !s_esc_bar || !s_ellipsis || !s_g10 ||
         !s_sep || !s_open || !s_close || !s_eol || !s_empty)
         return NULL;

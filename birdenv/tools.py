@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 from collections.abc import Sequence
+from json.decoder import JSONDecoder
 from typing import Any
 
 from birdenv.replicas.session import Result
@@ -156,6 +157,11 @@ def _blocks(text: str) -> list[str]:
 
 def parse_tool_call(text: str) -> ToolCall:
     """Parse the single tool call of a turn, or raise :class:`ToolCallError` saying what is wrong."""
+    return _parse(text)
+
+
+def _parse_tool_call(text: str) -> ToolCall:
+    """The rule of :func:`parse_tool_call` (``birdenv._speedups`` runs the same in C)."""
     blocks = _blocks(text)
     if not blocks:
         hint = " (found <tool_call> without </tool_call>)" if _OPEN in text else ""
@@ -229,17 +235,19 @@ def _table(columns: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join("| " + " | ".join(map(_cell, line)) + " |" for line in (columns, *rows))
 
 
-# The same rule in C (birdenv/_speedups.c), a quarter of the time per step; tests check that both
-# give the same text. Without a C compiler at install time the rule above runs itself (`birdenv
-# doctor` says which).
+# The table and the parser in C (birdenv/_speedups.c): a step's formatting in a quarter of the
+# time, its parsing in a third; tests check that both give what the rules above give. Without a C
+# compiler at install time the rules run themselves (`birdenv doctor` says which).
 try:
-    from birdenv._speedups import table as _render_table
+    from birdenv import _speedups
 except ImportError as exc:
-    #: Why the C table formatter is not in use (for ``birdenv doctor``), or None when it is.
+    #: Why the C table formatter and parser are not in use (for ``birdenv doctor``), or None.
     SPEEDUPS_MISSING: str | None = f"the C extension birdenv._speedups is not built ({exc})"
-    _render_table = _table
+    _render_table, _parse = _table, _parse_tool_call
 else:
     SPEEDUPS_MISSING = None
+    _speedups.configure(ToolCall, ToolCallError, JSONDecoder().scan_once, json.JSONDecodeError)
+    _render_table, _parse = _speedups.table, _speedups.parse_tool_call
 
 
 def format_observation(result: Result) -> str:

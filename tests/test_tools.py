@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from birdenv.replicas.session import Result
@@ -152,3 +153,86 @@ def test_the_c_table_raises_what_the_rule_raises() -> None:
             speedups.table(["a"], rows)
         with pytest.raises(type(c_error.value)):
             tools._table(["a"], rows)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_NAMES = st.sampled_from(["execute_sql", "submit_solution"] * 3 + ["run_sql", ""]) | st.text(
+    max_size=5
+)
+_ARGUMENTS = st.one_of(
+    st.fixed_dictionaries({"sql": st.text(max_size=10)}),
+    st.fixed_dictionaries({"sql_list": st.lists(st.text(max_size=5), max_size=3)}),
+    st.fixed_dictionaries({"sql_list": st.lists(_JSON, max_size=2)}),
+    st.dictionaries(st.sampled_from(["sql", "sql_list", "x"]), _JSON, max_size=2),
+    _JSON,
+)
+
+
+@st.composite
+def _turns(draw: st.DrawFn) -> str:
+    """Turns as models write them, right or broken: reasoning, zero to three blocks (some not
+    closed), calls whose name, arguments (some JSON-encoded twice) or JSON is wrong, whitespace,
+    a byte-order mark, control characters, trailing data, nesting too deep for the decoder."""
+    if draw(st.integers(0, 3)) == 0:  # a good call, as most turns hold
+        call = draw(
+            st.one_of(
+                st.builds(lambda sql: ("execute_sql", {"sql": sql}), st.text(max_size=30)),
+                st.builds(
+                    lambda sqls: ("submit_solution", {"sql_list": sqls}),
+                    st.lists(st.text(max_size=10), max_size=3),
+                ),
+            )
+        )
+        return draw(st.text(max_size=6)) + format_tool_call(call[0], **call[1])
+    parts = []
+    for _ in range(draw(st.sampled_from([1, 1, 1, 0, 2, 3]))):
+        call = {"name": draw(_NAMES), "arguments": draw(_ARGUMENTS)}
+        if draw(st.booleans()):
+            call["arguments"] = json.dumps(call["arguments"])
+        if draw(st.integers(0, 5)) == 0:
+            call = draw(_JSON)
+        body = json.dumps(call, ensure_ascii=draw(st.booleans()))
+        body = draw(
+            st.sampled_from(
+                [
+                    body,
+                    body,
+                    body,
+                    f" \n\t{body}\r\n",
+                    body[: draw(st.integers(0, len(body)))],  # cut anywhere
+                    body + draw(st.sampled_from(["}", " x", "\x00", ""])),
+                    "\ufeff" + body,
+                    body.replace('"', "'"),
+                    body.replace(" ", "\n"),  # control characters inside strings
+                    "[" * 3000 + "]" * 3000,
+                ]
+            )
+        )
+        close = draw(st.sampled_from(["</tool_call>"] * 4 + ["", "</tool_call"]))
+        parts.append(draw(st.text(max_size=6)) + "<tool_call>" + body + close)
+    return "".join(parts) + draw(st.text(max_size=6))
+
+
+@settings(max_examples=600)  # microseconds each; the variants of a broken call are many
+@given(_turns())
+def test_the_c_parser_is_the_rule(text: str) -> None:
+    """``birdenv._speedups.parse_tool_call``, which parses every step's turn, returns the rule's
+    call or raises its ToolCallError with the same message, whatever the turn."""
+    speedups = pytest.importorskip("birdenv._speedups", reason="built without a C compiler")
+    from birdenv import tools
+
+    assert tools._parse is speedups.parse_tool_call  # what parse_tool_call uses
+
+    def outcome(parse) -> object:
+        try:
+            return parse(text)
+        except ToolCallError as exc:
+            return ("error", str(exc))
+
+    assert outcome(speedups.parse_tool_call) == outcome(tools._parse_tool_call)
