@@ -339,13 +339,15 @@ class Campaign(RuleBasedStateMachine):
             self.task = parse_task({"instance_id": "fz", "db_id": "fz"}, db_dir=self.tmp / "dbs")
             self.base_path = self.pool.store.base_for(self.task.db_path).path
         self.base_sha = file_sha256(self.base_path)
-        self.journal = journal
-        # raw connections read unchanged base pages in place (mmap) in half the examples, the
-        # pool's sessions always (the pool sets it); their references then map their copies too
+        # Raw connections read unchanged base pages in place (mmap) in half the examples, the
+        # pool's sessions always (the pool sets it); their references then map their copies too.
+        # Such examples compare no WAL frame counts (see raw_execute) and use no journal_mode=OFF
+        # (see _defined).
+        self.in_place = in_place and driver in RAW
         self.prelude = ["PRAGMA synchronous = OFF"]
-        self.frames = not (in_place and driver in RAW)  # see raw_execute
-        if not self.frames:
+        if self.in_place:
             self.prelude.append(f"PRAGMA mmap_size = {1 << 30}")
+        self.journal = "MEMORY" if self.in_place and journal == "OFF" else journal
         for i in range(count):
             self._open(i)
 
@@ -377,6 +379,14 @@ class Campaign(RuleBasedStateMachine):
             self.sessions.append(pair[0])
             self.refs.append(pair[1])
 
+    def _defined(self, sql: str) -> str:
+        """``sql``, with journal mode OFF made MEMORY where connections read in place (finding 4).
+
+        A ROLLBACK without a journal is undefined in SQLite: what stays behind depends on which
+        pages had spilled, and a session reading in place spills at other moments than its
+        reference. Elsewhere OFF is compared exactly (finding 1)."""
+        return sql.replace("journal_mode = OFF", "journal_mode = MEMORY") if self.in_place else sql
+
     def _view(self, i: int) -> list:
         s = self.sessions[i]
         return view(s) if isinstance(s, sqlite3.Connection) else session_view(s)
@@ -387,11 +397,11 @@ class Campaign(RuleBasedStateMachine):
             return
         which %= len(self.sessions)
         type(self).steps += 1
-        for sql in data.draw(statements(self.driver)):
+        for sql in map(self._defined, data.draw(statements(self.driver))):
             self.log.append(f"{which}: {sql}")
             if self.driver in RAW:
-                got = raw_execute(self.sessions[which], sql, frames=self.frames)
-                expected = raw_execute(self.refs[which], sql, frames=self.frames)
+                got = raw_execute(self.sessions[which], sql, frames=not self.in_place)
+                expected = raw_execute(self.refs[which], sql, frames=not self.in_place)
             else:
                 result = self.sessions[which].execute(sql)
                 got = ("rows", result.rows) if result.error is None else ("error", result.error)
@@ -423,7 +433,7 @@ class Campaign(RuleBasedStateMachine):
         if self.driver not in RAW or not self.sessions:
             return
         which %= len(self.sessions)
-        sql = data.draw(statements(self.driver))[0]
+        sql = self._defined(data.draw(statements(self.driver))[0])
         self.log.append(f"{which}: <second connection> {sql}")
         type(self).other_rules += 1
         uri = overlay.session_uri(self.tmp / f"s-{which}.db", self.base_path, pages=self.pages)
@@ -436,7 +446,9 @@ class Campaign(RuleBasedStateMachine):
             for setting in self.prelude:
                 answers = [raw_execute(conn, setting) for conn in pair]
                 assert answers[0] == answers[1], (setting, answers)
-            answers = [(raw_execute(conn, sql, frames=self.frames), view(conn)) for conn in pair]
+            answers = [
+                (raw_execute(conn, sql, frames=not self.in_place), view(conn)) for conn in pair
+            ]
             assert answers[0] == answers[1], (sql, answers[0], answers[1])
         finally:
             for conn in pair:
@@ -458,7 +470,10 @@ class Campaign(RuleBasedStateMachine):
         if self.driver != "vfs" or not self.sessions or os.name != "posix":
             return
         which %= len(self.sessions)
-        body = [data.draw(statements(self.driver))[0] for _ in range(data.draw(st.integers(1, 4)))]
+        body = [
+            self._defined(data.draw(statements(self.driver))[0])
+            for _ in range(data.draw(st.integers(1, 4)))
+        ]
         commit = data.draw(st.booleans())
         self.log.append(f"{which}: <crash {journal} commit={commit}> {body}")
         type(self).other_rules += 1
@@ -475,7 +490,15 @@ class Campaign(RuleBasedStateMachine):
         # A fresh interpreter, not fork(): SQLite's per-process lock and shared-memory state must
         # not be inherited from this process's open connections.
         child = subprocess.run(
-            [sys.executable, "-c", CRASH_CHILD, _EXTENSION, str(self.frames), uri, str(ref_path)],
+            [
+                sys.executable,
+                "-c",
+                CRASH_CHILD,
+                _EXTENSION,
+                str(not self.in_place),
+                uri,
+                str(ref_path),
+            ],
             input=json.dumps(script),
             capture_output=True,
             text=True,
@@ -587,6 +610,37 @@ def test_finding_wal_frame_counts_follow_the_page_cache(tmp_path: Path) -> None:
     assert small_view == large_view
     assert small != large  # e.g. [(0, 115, 115)] against [(0, 114, 114)]
     assert [(busy, log == done) for busy, log, done in small + large] == [(0, True), (0, True)]
+
+
+def test_finding_rollback_under_journal_off_follows_the_mapped_pages(tmp_path: Path) -> None:
+    """Campaign finding 4 (why examples that read in place use no journal_mode=OFF): after a
+    ROLLBACK without a journal (undefined in SQLite, finding 1), a session reading in place was
+    intact where its reference was left with a broken index. Plain SQLite does that too, on two
+    copies of one database sent the same statements, when only ``mmap_size`` differs."""
+    base = build_base(tmp_path / "b.sqlite", 512, "DELETE", 0, 100)
+    checks = []
+    for mmap in (0, 1 << 30):
+        copy = tmp_path / f"copy-{mmap}.sqlite"
+        shutil.copy(base, copy)
+        with closing(sqlite3.connect(copy, isolation_level=None)) as conn:
+            for sql in [
+                "PRAGMA synchronous = OFF",
+                f"PRAGMA mmap_size = {mmap}",
+                "PRAGMA journal_mode = OFF",
+                "PRAGMA page_size = 1024",
+                "VACUUM",
+                "PRAGMA cache_size = 2",
+                "BEGIN",
+                f"INSERT INTO parent (name, blob) VALUES ('x0', {_blob(0, 10)})",
+                "INSERT INTO child (parent_id, v, note) VALUES (0, 0.25, NULL)",
+                "CREATE TABLE t_new AS SELECT id, name, length(blob) AS l FROM parent",
+                "ROLLBACK",
+            ]:
+                conn.execute(sql).fetchall()
+            checks.append(conn.execute("PRAGMA integrity_check").fetchall())
+    unmapped, mapped = checks
+    assert unmapped == [("ok",)]
+    assert mapped != unmapped  # e.g. "row 1 missing from index child_parent"
 
 
 def run_campaign(examples: int, steps: int = 30, seed: int | None = None) -> None:

@@ -236,3 +236,26 @@ def test_the_c_parser_is_the_rule(text: str) -> None:
             return ("error", str(exc))
 
     assert outcome(speedups.parse_tool_call) == outcome(tools._parse_tool_call)
+
+
+def test_without_the_c_extension_the_rules_run_themselves() -> None:
+    """An install without a C compiler parses and formats with the rules in ``birdenv.tools``,
+    and says so."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+sys.modules["birdenv._speedups"] = None  # what a build without a compiler leaves: no module
+from birdenv import tools
+from birdenv.replicas.session import Result
+assert tools._parse is tools._parse_tool_call and tools._render_table is tools._table
+call = tools.parse_tool_call(tools.format_tool_call("execute_sql", sql="SELECT 1"))
+print(tools.SPEEDUPS_MISSING)
+print(call.arguments["sql"])
+print(tools.format_observation(Result(["a"], [(None,)], 1, False, None, 0.0)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("the C extension birdenv._speedups is not built")
+    assert lines[1:] == ["SELECT 1", "status: ok", "rows: 1", "| a |", "| NULL |"]
