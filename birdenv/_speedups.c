@@ -19,7 +19,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-static Py_ssize_t max_cell_chars = 100;
+static Py_ssize_t max_cell_chars = -1; /* birdenv.tools.MAX_CELL_CHARS, given by configure */
 static PyObject *s_null, *s_newline, *s_esc_newline, *s_bar, *s_esc_bar, *s_ellipsis, *s_g10,
     *s_sep, *s_open, *s_close, *s_eol, *s_empty;
 
@@ -106,6 +106,10 @@ static PyObject *table(PyObject *module, PyObject *args)
     PyObject *columns, *rows;
     if (!PyArg_ParseTuple(args, "OO:table", &columns, &rows))
         return NULL;
+    if (max_cell_chars < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "birdenv._speedups.configure was not called");
+        return NULL;
+    }
     PyObject *seq = PySequence_Tuple(rows);
     if (seq == NULL)
         return NULL;
@@ -133,8 +137,14 @@ static PyObject *s_open_tag, *s_close_tag, *s_name, *s_arguments, *s_execute_sql
 static PyObject *configure(PyObject *module, PyObject *args)
 {
     PyObject *a, *b, *c, *d;
-    if (!PyArg_ParseTuple(args, "OOOO:configure", &a, &b, &c, &d))
+    Py_ssize_t cell_chars;
+    if (!PyArg_ParseTuple(args, "OOOOn:configure", &a, &b, &c, &d, &cell_chars))
         return NULL;
+    if (cell_chars < 3) {
+        PyErr_SetString(PyExc_ValueError, "a cell shows at least 3 characters");
+        return NULL;
+    }
+    max_cell_chars = cell_chars;
     Py_INCREF(a);
     Py_INCREF(b);
     Py_INCREF(c);
@@ -380,8 +390,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
-     "configure(ToolCall, ToolCallError, scan_once, JSONDecodeError): what parse_tool_call makes "
-     "and raises, and json's scanner."},
+     "configure(ToolCall, ToolCallError, scan_once, JSONDecodeError, max_cell_chars): what "
+     "parse_tool_call makes and raises, json's scanner, and the longest cell table shows."},
     {"parse_tool_call", parse_tool_call, METH_O,
      "The single tool call of a turn, as birdenv.tools' rule parses it."},
     {"table", table, METH_VARARGS,
@@ -428,9 +438,5 @@ PyMODINIT_FUNC PyInit__speedups(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddIntConstant(m, "MAX_CELL_CHARS", max_cell_chars) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
     return m;
 }

@@ -246,7 +246,9 @@ except ImportError as exc:
     _render_table, _parse = _table, _parse_tool_call
 else:
     SPEEDUPS_MISSING = None
-    _speedups.configure(ToolCall, ToolCallError, JSONDecoder().scan_once, json.JSONDecodeError)
+    _speedups.configure(
+        ToolCall, ToolCallError, JSONDecoder().scan_once, json.JSONDecodeError, MAX_CELL_CHARS
+    )
     _render_table, _parse = _speedups.table, _speedups.parse_tool_call
 
 
