@@ -1,4 +1,5 @@
-/* The observation formatter's table, in C: every step of every episode formats its result here.
+/* The observation formatter's table, in C: every step of every episode formats its result here,
+ * and parses its tool call (below).
  *
  * birdenv.tools holds the rule (_cell and _table) and uses these functions when they are built;
  * tests/test_tools.py checks that both give the same text for any value SQLite can return and for
@@ -11,7 +12,7 @@
  *   other str(value), escaped like text
  * and a text longer than MAX_CELL_CHARS is cut to MAX_CELL_CHARS - 3 characters plus "...".
  *
- * And the tool-call parser, every step's first work: parse_tool_call is the rule of
+ * The tool-call parser, every step's first work: parse_tool_call is the rule of
  * birdenv.tools._parse_tool_call (find the one <tool_call> block, decode its JSON as json.loads
  * does, check the call), with the same ToolCall results and the same ToolCallError messages.
  * birdenv.tools hands it the types and json's scanner once (configure).
