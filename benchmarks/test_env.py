@@ -8,6 +8,7 @@ also pays one judge call (two fresh sessions, the issue SQL, the gold SQL, the t
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -128,6 +129,10 @@ STATEMENTS = {
 }
 
 
+#: Episodes of the per-turn timings (four turns each).
+TURN_EPISODES = 200
+
+
 @pytest.mark.parametrize("sharing", ["unshared", "shared"])
 @pytest.mark.parametrize("kind", list(STATEMENTS))
 def test_execute_sql_overhead(benchmark, kind, sharing, private_copy) -> None:
@@ -135,7 +140,8 @@ def test_execute_sql_overhead(benchmark, kind, sharing, private_copy) -> None:
     the lookups, <= 1.1x on the task's statement), in wall and in thread CPU time.
 
     ``unshared`` runs every statement (the step's own cost); ``shared`` is the default pool, whose
-    result cache answers the repeated statement from the episode's first run of it."""
+    result cache answers the repeated statement from the episode's first run of it.
+    ``turn_ratios``: each of the four turns of an episode on its own, against raw."""
     tasks = [t for t in load_tasks("gym-mini") if t.db_id == "retail_orders"]
     sql = STATEMENTS[kind] or tasks[0].issue_sql[0]
     pool = ReplicaPool(share_results=sharing == "shared")
@@ -165,6 +171,22 @@ def test_execute_sql_overhead(benchmark, kind, sharing, private_copy) -> None:
         {"env": env_step, "raw": raw}, rounds=101, warmup=0, clock=time.thread_time
     )
 
+    # Each turn on its own (the medians above mix them): a new connection's first statement
+    # reads the schema and switches the state to WAL, and the turn after it runs colder.
+    per_turn: list[list[float]] = [[] for _ in range(4)]
+    raws: list[float] = []
+    for _ in range(TURN_EPISODES):
+        env.reset(options=options)
+        for turn in range(4):
+            start = time.perf_counter()
+            env.step(action)
+            middle = time.perf_counter()
+            raw()
+            per_turn[turn].append(middle - start)
+            raws.append(time.perf_counter() - middle)
+    raw_turn = statistics.median(raws)
+    turn_ratios = [statistics.median(ts) / raw_turn for ts in per_turn]
+
     def fresh_episode() -> None:  # setup must return None, not reset()'s (obs, info)
         env.reset(options=options)
 
@@ -186,4 +208,6 @@ def test_execute_sql_overhead(benchmark, kind, sharing, private_copy) -> None:
         cpu_ratio=cpu_ratio,
         goal=goal,
         goal_met=ratio <= goal,
+        turn_ms=[1000 * statistics.median(ts) for ts in per_turn],
+        turn_ratios=turn_ratios,
     )

@@ -7,7 +7,7 @@ runs each whole sequence (prompt + completion); the shared pass
 (``birdtrain.stages.shared_prompt``, ``stage3.share_prompt``/``stage4.share_prompt``) runs the
 prompt once and the completions on its keys and values. Both give the same loss and gradient
 (`tests/test_stages.py`); this measures the time. Run with
-``pytest benchmarks/test_grpo_step.py --benchmark-only``; figures in benchmarks/README.md
+``pytest benchmarks/test_grpo_step.py --benchmark-only -m slow``; figures in benchmarks/README.md
 ("Shared prompts in GRPO").
 """
 
@@ -16,6 +16,9 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch", reason="the train extra")
+
+# Minutes each and gigabytes of memory on a 2-core CPU: outside the default benchmark set.
+pytestmark = pytest.mark.slow
 
 GROUP = 4  # completions of the prompt in one pass (the preset's micro-batches hold 2)
 COMPLETION = 256  # tokens a completion (stage 3's mean in the second smollm-learn run: ~280)

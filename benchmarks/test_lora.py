@@ -6,7 +6,7 @@ prompt and one tool-call turn, ~600 tokens of SmolLM2's tokenizer. LoRA trains ~
 weights, so the optimizer is nearly free, but the forward and backward passes still run through
 every frozen layer: on CPU the step is bound by those, not by the optimizer. bfloat16 makes those
 passes cheaper where the CPU computes it natively (AVX512-BF16, AMX). Run with ``make bench`` or
-``pytest benchmarks/test_lora.py --benchmark-only``; figures in benchmarks/README.md ("LoRA on
+``pytest benchmarks/test_lora.py --benchmark-only -m slow``; figures in benchmarks/README.md ("LoRA on
 CPU", "bfloat16 on the CPU").
 """
 
@@ -15,6 +15,9 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch", reason="the train extra")
+
+# Minutes each and gigabytes of memory on a 2-core CPU: outside the default benchmark set.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ schema, no sample rows, the tools; ~1.1-2.4k tokens of SmolLM2's tokenizer) read
 stages 3-4, difficulty estimates and evaluations). ``bfloat16`` runs it under CPU autocast, as a
 stage with ``model.dtype=bfloat16`` samples. ``test_decode_width`` measures what a wider batch
 (``eval.num_envs``) buys in decoding, where the base model spends its "before" evaluation. Run
-with ``pytest benchmarks/test_sampling.py --benchmark-only``; figures in benchmarks/README.md
+with ``pytest benchmarks/test_sampling.py --benchmark-only -m slow``; figures in benchmarks/README.md
 ("bfloat16 on the CPU", "Batch width").
 """
 
@@ -15,6 +15,9 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch", reason="the train extra")
+
+# Minutes each and gigabytes of memory on a 2-core CPU: outside the default benchmark set.
+pytestmark = pytest.mark.slow
 
 ROWS = 8
 NEW_TOKENS = 32
