@@ -1,10 +1,10 @@
-"""Build hook for the two optional C extensions: the page-overlay VFS and the observation table.
+"""Build hook for the two optional C extensions: the page-overlay VFS and the step's speedups.
 
 The extension links the system ``libsqlite3`` so that, where Python's ``_sqlite3`` links the same
 shared library, the VFS registers into the very library stdlib connections use. The build is
 optional: without a compiler or SQLite headers the package still installs and the replica pool
-falls back to the ``copy`` strategy (see ``birdenv doctor``). ``birdenv._speedups`` formats each
-step's result table; without it the same rule runs in Python.
+falls back to the ``copy`` strategy (see ``birdenv doctor``). ``birdenv._speedups`` parses each
+step's tool call and formats its result table; without it the same rules run in Python.
 """
 
 from setuptools import Extension, setup

@@ -184,8 +184,8 @@ def test_execute_sql_overhead(benchmark, kind, sharing, private_copy) -> None:
             raw()
             per_turn[turn].append(middle - start)
             raws.append(time.perf_counter() - middle)
+    turn_medians = [statistics.median(ts) for ts in per_turn]
     raw_turn = statistics.median(raws)
-    turn_ratios = [statistics.median(ts) / raw_turn for ts in per_turn]
 
     def fresh_episode() -> None:  # setup must return None, not reset()'s (obs, info)
         env.reset(options=options)
@@ -208,6 +208,6 @@ def test_execute_sql_overhead(benchmark, kind, sharing, private_copy) -> None:
         cpu_ratio=cpu_ratio,
         goal=goal,
         goal_met=ratio <= goal,
-        turn_ms=[1000 * statistics.median(ts) for ts in per_turn],
-        turn_ratios=turn_ratios,
+        turn_ms=[1000 * m for m in turn_medians],
+        turn_ratios=[m / raw_turn for m in turn_medians],
     )
