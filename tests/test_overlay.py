@@ -979,14 +979,22 @@ def test_read_only_session_and_no_fd_leaks(base, tmp_path, pages):
     assert fds() == start
 
 
-def test_sessions_on_one_base_share_its_descriptor(base, tmp_path, pages):
-    def open_on(path: Path) -> int:
-        return sum(
-            os.path.realpath(f"/proc/self/fd/{fd}") == str(path.resolve())
-            for fd in os.listdir("/proc/self/fd")
-            if os.path.exists(f"/proc/self/fd/{fd}")
-        )
+def open_on(path: Path) -> int:
+    """How many of this process's descriptors are open on ``path``."""
+    return sum(
+        os.path.realpath(f"/proc/self/fd/{fd}") == str(path.resolve())
+        for fd in os.listdir("/proc/self/fd")
+        if os.path.exists(f"/proc/self/fd/{fd}")
+    )
 
+
+def mapped(path: Path) -> bool:
+    """Whether this process maps ``path``."""
+    with open("/proc/self/maps") as maps:
+        return any(line.rstrip().endswith(str(path.resolve())) for line in maps)
+
+
+def test_sessions_on_one_base_share_its_descriptor(base, tmp_path, pages):
     sessions = [tmp_path / f"s{i}.sqlite" for i in range(8)]
     conns = [connect_overlay(s, base, pages=pages) for s in sessions]
     for conn in conns:
@@ -999,6 +1007,31 @@ def test_sessions_on_one_base_share_its_descriptor(base, tmp_path, pages):
     conns[-1].close()
     overlay.discard(sessions[-1])
     assert open_on(base) == 0
+
+
+def test_a_held_base_keeps_its_descriptor_and_map_between_sessions(base, tmp_path):
+    """Sessions that come and go one at a time reuse a held base's descriptor and in-place map;
+    both go with the last hold."""
+    handle = overlay.hold_base(base)
+    assert open_on(base) == 1 and not mapped(base)  # mapped on the first read in place
+    for i in range(3):
+        session = tmp_path / f"s{i}.sqlite"
+        with closing(connect_overlay(session, base)) as conn:
+            conn.execute(f"PRAGMA mmap_size = {base.stat().st_size}")
+            run_like_evaluator(conn, [f"INSERT INTO customers(name) VALUES ('h{i}')"])
+            rows = conn.execute("SELECT count(*) FROM customers WHERE name LIKE 'h%'").fetchall()
+            assert rows == [(1,)]  # its own change only
+        overlay.discard(session)
+        assert open_on(base) == 1 and mapped(base)
+    second = overlay.hold_base(base)
+    overlay.release_base(handle)
+    assert open_on(base) == 1 and mapped(base)
+    overlay.release_base(second)
+    assert open_on(base) == 0 and not mapped(base)
+    with pytest.raises(FileNotFoundError):
+        overlay.hold_base(tmp_path / "missing.sqlite")
+    with pytest.raises(OSError):
+        overlay.hold_base(tmp_path)  # not a regular file
 
 
 def test_a_base_replaced_at_its_path_is_read_afresh(tmp_path):

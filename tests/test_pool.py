@@ -282,6 +282,28 @@ def test_512_writers_under_a_soft_limit_of_1024(shop_dir: Path, tmp_path: Path) 
     assert "raised this process's soft limit on open files from 1024" in proc.stderr
 
 
+def test_a_pool_keeps_each_base_open_between_its_sessions(shop_tasks: list, tmp_path: Path) -> None:
+    """An env closes its session before it leases the next: the pool keeps the base's descriptor
+    (and its in-place map) for the next one, and lets go when it closes."""
+
+    def open_on(path: Path) -> int:
+        fds = [f"/proc/self/fd/{fd}" for fd in os.listdir("/proc/self/fd")]
+        return sum(os.path.realpath(fd) == str(path) for fd in fds if os.path.exists(fd))
+
+    with ReplicaPool(root=tmp_path / "r") as pool:
+        if pool.strategy != "overlay":
+            pytest.skip("the copy strategy opens no base")
+        base = pool.store.base_for(shop_tasks[0].db_path).path.resolve()
+        for i in range(3):
+            with pool.session(shop_tasks[0]) as s:
+                assert s.execute(f"UPDATE customers SET name = 'n{i}' WHERE id = 1").ok
+                assert s.execute("SELECT count(*) FROM customers WHERE name LIKE 'n%'").rows == [
+                    (1,)
+                ]
+            assert open_on(base) == 1
+    assert open_on(base) == 0
+
+
 def test_running_out_of_descriptors_is_a_clear_error(shop_dir: Path, tmp_path: Path) -> None:
     proc = _run_limited(
         """

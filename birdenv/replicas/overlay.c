@@ -2237,6 +2237,25 @@ static PyObject *py_release(PyObject *self, PyObject *args) {
   Py_END_ALLOW_THREADS return PyBool_FromLong(found);
 }
 
+static PyObject *py_hold_base(PyObject *self, PyObject *args) {
+  const char *path;
+  int fd = -1, rc;
+  i64 size;
+  if (!PyArg_ParseTuple(args, "s:hold_base", &path)) return NULL;
+  Py_BEGIN_ALLOW_THREADS errno = 0;
+  rc = baseAcquire(path, &fd, &size);
+  if (rc != SQLITE_OK && !errno) errno = EINVAL; /* there, but not a regular file */
+  Py_END_ALLOW_THREADS if (rc != SQLITE_OK) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+  return PyLong_FromLong(fd);
+}
+
+static PyObject *py_release_base(PyObject *self, PyObject *args) {
+  int fd;
+  if (!PyArg_ParseTuple(args, "i:release_base", &fd)) return NULL;
+  Py_BEGIN_ALLOW_THREADS baseRelease(fd);
+  Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
 typedef struct {
   char *zPrefix;
   long long sessions, units, bytes, refs;
@@ -2315,6 +2334,11 @@ static PyMethodDef methods[] = {
     {"release", py_release, METH_VARARGS,
      "release(path) -> bool: forget the shared-pages session at path (its real path), releasing "
      "its pages once no connection uses it; False when there was none."},
+    {"hold_base", py_hold_base, METH_VARARGS,
+     "hold_base(path) -> int: take a reference to this process's shared descriptor of the base "
+     "at path (and to its map, once made); the int is for release_base."},
+    {"release_base", py_release_base, METH_VARARGS,
+     "release_base(handle) -> None: drop a reference taken by hold_base."},
     {"page_stores", py_page_stores, METH_NOARGS,
      "page_stores() -> list[dict]: figures of this process's shared page stores."},
     {"_selftest", py_selftest, METH_VARARGS,

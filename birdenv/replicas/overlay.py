@@ -174,6 +174,22 @@ def discard(session_path: str | os.PathLike[str]) -> None:
             path.unlink()
 
 
+def hold_base(base_path: str | os.PathLike[str]) -> int:
+    """Keep this process's descriptor of the base at ``base_path`` open, and its in-place map
+    once a session made it, until :func:`release_base` is given the returned handle.
+
+    Sessions share one descriptor and one map per base, which go when the last of them closes; a
+    holder keeps them for sessions that come and go one at a time. Raises ``OSError`` when the
+    base cannot be opened.
+    """
+    return _load().hold_base(os.fspath(base_path))
+
+
+def release_base(handle: int) -> None:
+    """Drop a hold taken by :func:`hold_base` (once per hold)."""
+    _load().release_base(handle)
+
+
 def page_stores() -> list[dict[str, int | str]]:
     """Figures of this process's shared page stores, one dict each.
 

@@ -267,6 +267,9 @@ class ReplicaPool:
         self._slots = threading.BoundedSemaphore(max_sessions) if max_sessions else None
         self._lock = threading.Lock()
         self._open: set[Session] = set()
+        # base sha256 -> overlay.hold_base handle: each base's descriptor and in-place map stay
+        # open while the pool lives, not only while one of its sessions does (see _prepare).
+        self._held: dict[str, int] = {}
         self._counter = itertools.count()
         self._stats = {
             "leases": 0,
@@ -412,6 +415,11 @@ class ReplicaPool:
     def _prepare(self, base: Base, path: Path):
         limit = self.limits.max_session_bytes
         if self.strategy == "overlay":
+            # An env resets by closing its session before it leases the next: without a hold,
+            # every episode would open the base, map it, fault its pages in and unmap it again.
+            with self._lock:
+                if base.sha256 not in self._held:
+                    self._held[base.sha256] = overlay.hold_base(base.path)
             pages = self._pages(base, path.parent) if self.share_pages else None
             uri = overlay.session_uri(path, base.path, max_bytes=limit, pages=pages)
 
@@ -547,6 +555,9 @@ class ReplicaPool:
         for session in list(self._open):
             session.close()
         self._closed = True
+        for handle in self._held.values():
+            overlay.release_base(handle)
+        self._held.clear()
         for lock_path, lockfile in self._claims:
             with contextlib.suppress(OSError):
                 os.unlink(lock_path)

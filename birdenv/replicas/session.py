@@ -241,6 +241,8 @@ class Session:
         # nobody else has touched is the only one whose settings can be known.
         self._settled = False
         self._alone = True
+        # True until anything but this class has run on the connection (see _settings()).
+        self._untouched = True
         self._results = results
         self._state = state if results is not None else None
         self._watch = StatementWatch() if self._state is not None else None
@@ -262,7 +264,7 @@ class Session:
         ends result sharing for this session)."""
         if self._conn is None:
             raise SessionClosedError("this session is closed; lease a new one from the pool")
-        self._settled = False  # whoever holds it may change any setting
+        self._settled = self._untouched = False  # whoever holds it may change any setting
         self._state = None
         return self._conn
 
@@ -275,7 +277,7 @@ class Session:
         """Open another guarded connection on this session's state (e.g. for test code); this ends
         result sharing for the session."""
         # It can switch the state's journal mode under the session's connection, at any time.
-        self._alone = self._settled = False
+        self._alone = self._settled = self._untouched = False
         self._state = None
         return self._guarded(authorizer)
 
@@ -297,7 +299,7 @@ class Session:
         try:
             if watch is not None:
                 watch.begin()  # a failing setting counts as a change of this statement's
-            apply_settings(conn)
+            self._settings(conn)
             if watch is not None:
                 watch.begin()
             run_statement(conn, sql, settings=False)
@@ -308,6 +310,19 @@ class Session:
             self._state = None  # what it changed is unknown
             raise
         self._track(sql, None, None, changes, conn.in_transaction)
+
+    def _settings(self, conn: sqlite3.Connection) -> bool:
+        """:func:`apply_settings`, the first time without a journal file."""
+        if self._untouched:
+            self._untouched = False
+            # A fresh state is in rollback mode, and its switch to WAL rewrites the header in a
+            # transaction that creates, writes and deletes a journal file: ~10 system calls of
+            # every episode's first statement. Journaled in memory, that transaction touches no
+            # file. Nothing can tell: nothing has run on the connection yet, and no statement runs
+            # before the switch has succeeded (every session's files support WAL, so a switch
+            # that fails raises: the statement does not run, and the next one switches again).
+            conn.execute("PRAGMA journal_mode = MEMORY")
+        return apply_settings(conn)
 
     def execute(self, sql: str, *, timeout: float | None = None) -> Result:
         """Run one statement; errors and timeouts come back in the :class:`Result`, never raised.
@@ -374,7 +389,7 @@ class Session:
             if watch is not None:
                 watch.begin()  # a failing setting counts as a change of this statement's
             if not settled:
-                settled = apply_settings(conn)
+                settled = self._settings(conn)
             if watch is not None:
                 watch.begin()
             rows, columns, truncated = run_statement(
