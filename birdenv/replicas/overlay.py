@@ -169,9 +169,11 @@ def discard(session_path: str | os.PathLike[str]) -> None:
     if available():
         # SQLite names a session by its real path (symbolic links resolved); so does the store.
         _load().release(os.path.realpath(os.fspath(session_path)))
-    for path in session_files(session_path):
+    # The files of session_files(), as strings: this runs on every reset.
+    path = os.path.abspath(os.fspath(session_path))
+    for suffix in _SUFFIXES:
         with suppress(FileNotFoundError):
-            path.unlink()
+            os.unlink(path + suffix)
 
 
 def hold_base(base_path: str | os.PathLike[str]) -> int:
