@@ -329,8 +329,8 @@ def _build_parser() -> argparse.ArgumentParser:
         dest="cache",
         action="store_false",
         help=(
-            "run every issue phase again instead of reusing remembered outcomes, and judge in "
-            "input order (not slowest first by remembered times)"
+            "run every issue phase again instead of reusing remembered outcomes, and start "
+            "instances largest database first (not slowest first by remembered times)"
         ),
     )
     evaluate.set_defaults(func=_cmd_evaluate)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -141,23 +144,31 @@ def test_judge_many_starts_the_slowest_known_task_first(
             ),
             db_dir=shop_dir,
         )
-        for name in ("quick", "slow", "new")
+        for name in ("quick", "slow", "new", "big")
     ]
+    # "big" plays the same task on a larger copy of the database.
+    big_db = shop_dir / "bigshop" / "bigshop_template.sqlite"
+    big_db.parent.mkdir()
+    shutil.copyfile(tasks[3].db_path, big_db)
+    with closing(sqlite3.connect(big_db)) as conn, conn:
+        conn.execute("CREATE TABLE padding AS SELECT zeroblob(100000) AS b")
+    tasks[3] = dataclasses.replace(tasks[3], db_id="bigshop")
     cache = JudgeCache.for_root(default_root())
     cache.record_judge_seconds({schedule_key(tasks[0]): 0.01, schedule_key(tasks[1]): 9.0})
 
     def started(**options) -> list[str]:
         log.unlink(missing_ok=True)
         verdicts = list(judge_many([(t, t.sol_sql) for t in tasks], processes=1, **options))
-        assert [v.instance_id for v in verdicts] == ["quick", "slow", "new"]
+        assert [v.instance_id for v in verdicts] == ["quick", "slow", "new", "big"]
+        assert all(v.phase == "issue" for v in verdicts)  # these tests pass anything
         return list(dict.fromkeys(log.read_text().split()))
 
-    # Never judged first, then the longest; without the cache, input order.
-    assert started(cache=False) == ["quick", "slow", "new"]
-    assert started() == ["new", "slow", "quick"]
+    # Never judged first, then the longest; where no time is known, the larger database first.
+    assert started(cache=False) == ["big", "quick", "slow", "new"]
+    assert started() == ["big", "new", "slow", "quick"]
     # The run recorded what it measured: now "slow" is no longer known as slow.
     seconds = cache.judge_seconds([schedule_key(t) for t in tasks])
-    assert len(seconds) == 3 and max(seconds.values()) < 9.0
+    assert len(seconds) == 4 and max(seconds.values()) < 9.0
 
 
 def test_judge_many_workers_judge_on_the_callers_root(

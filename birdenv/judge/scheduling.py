@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from birdenv.errors import BirdEnvError
 from birdenv.judge.cache import JudgeCache, schedule_key
 from birdenv.judge.instance import Verdict, judge
 from birdenv.judge.official import INSTANCE_TIMEOUT
@@ -29,6 +30,14 @@ def _judge_job(
         instance_timeout=instance_timeout,
         cache=cache,
     )
+
+
+def _database_bytes(task: Task) -> int:
+    """The size of ``task``'s database (0 when it is missing: its worker reports that)."""
+    try:
+        return task.db_path.stat().st_size
+    except (BirdEnvError, OSError):
+        return 0
 
 
 def _unjudged(job: tuple[Task, Any, Any, Any, Any], phase: str, why: str) -> Verdict:
@@ -64,7 +73,8 @@ def judge_many(
     With ``cache=True`` instances start longest first, by the time their task took to judge last
     time (kept beside the issue-phase cache; never-judged tasks start before all others): a run
     ends when its slowest instance does, so that one should not start last. ``cache=False``
-    remembers nothing and starts them in input order. Verdicts come out in input order either way.
+    remembers nothing. Where no time is known, the instance on the larger database starts first
+    (ties in input order). Verdicts come out in input order either way.
 
     ``ray=True`` judges on Ray actors over the cluster at ``RAY_ADDRESS`` (else a local Ray),
     ``processes`` of them (default: one per CPU of the cluster); each node judges on its own copies
@@ -76,13 +86,16 @@ def judge_many(
     "__main__":`` guard), not a verdict.
     """
     work = [(task, pred, cache, statement_timeout, instance_timeout) for task, pred in jobs]
-    order, timings = None, None
+    # Largest database first where nothing better is known: bigger tables take longer to scan.
+    sizes = [_database_bytes(job[0]) for job in work]
+    order = sorted(range(len(work)), key=lambda i: -sizes[i])
+    timings = None
     if cache and work:
         timings = JudgeCache.for_root(default_root())
         keys = [schedule_key(job[0]) for job in work]
         seconds = timings.judge_seconds(keys)
-        # Unknown tasks go first (they may be slow); the rest longest first; ties in input order.
-        order = sorted(range(len(work)), key=lambda i: -seconds.get(keys[i], math.inf))
+        # Unknown tasks go first (they may be slow); the rest longest first; ties by size.
+        order.sort(key=lambda i: -seconds.get(keys[i], math.inf))
     judged: dict[str, float] = {}
     try:
         verdicts = supervised_map(
