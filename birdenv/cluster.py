@@ -26,10 +26,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from filelock import FileLock
-
 from birdenv.errors import MissingExtraError, StagingError, WorkerStartError
-from birdenv.files import file_sha256, home
+from birdenv.files import exclusive_lock, file_sha256, home
 
 __all__ = ["DatabaseRef", "Shipment", "connect", "import_ray", "ray_map", "ship", "spread"]
 
@@ -260,7 +258,7 @@ def _stage(refs: Iterable[DatabaseRef], server: Any) -> dict[str, Path]:
             continue
         root.mkdir(parents=True, exist_ok=True)
         # Actors on one node share the cache: one fetches, the others wait and find it intact.
-        with FileLock(str(cache / f"{ref.sha256}.lock")):
+        with exclusive_lock(cache / f"{ref.sha256}.lock"):
             if not _intact(path, marker, ref):
                 if server is None:
                     raise StagingError(

@@ -1,17 +1,20 @@
-"""Where birdenv keeps its files, and the content hash that names a file.
+"""Where birdenv keeps its files, the content hash that names a file, and a lock between processes.
 
 The lowest layer beside :mod:`birdenv.errors`: the bundled suites build their databases under
 :func:`home`, and the replica store names its bases by :func:`file_sha256`, without either one
-importing the other.
+importing the other; both, and the Ray staging cache, build under :func:`exclusive_lock`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["file_sha256", "home"]
+__all__ = ["exclusive_lock", "file_sha256", "home"]
 
 
 def home() -> Path:
@@ -29,3 +32,15 @@ def file_sha256(path: Path) -> str:
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing), waiting for whoever holds it.
+
+    Between processes, and between threads that each take it: every call opens the file anew.
+    The lock goes with the descriptor, so a holder that dies releases it; the file stays.
+    """
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield

@@ -20,10 +20,8 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from filelock import FileLock
-
 from birdenv.errors import DatabaseNotFoundError
-from birdenv.files import file_sha256
+from birdenv.files import exclusive_lock, file_sha256
 
 __all__ = ["Base", "BaseStore"]
 
@@ -117,7 +115,7 @@ class BaseStore:
             os.replace(base.path, base.path.with_suffix(f".corrupt-{os.getpid()}"))
 
     def _materialise(self, template: Path, key: tuple) -> Base:
-        with FileLock(str(self.dir / ".lock")):
+        with exclusive_lock(self.dir / ".lock"):
             tmp = self.dir / f".incoming-{os.getpid()}-{threading.get_ident()}.sqlite"
             tmp.unlink(missing_ok=True)
             src = sqlite3.connect(f"file:{_quote(template)}?mode=ro", uri=True)

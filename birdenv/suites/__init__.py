@@ -26,10 +26,8 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from filelock import FileLock
-
 from birdenv.errors import SuiteBuildError, UnknownSuiteError
-from birdenv.files import file_sha256, home
+from birdenv.files import exclusive_lock, file_sha256, home
 
 __all__ = [
     "SUITES",
@@ -171,7 +169,7 @@ def ensure(name: str | None = None, *, verify: bool = False, force: bool = False
     root.mkdir(parents=True, exist_ok=True)
     db_dir = root / "databases"
     manifest_path = root / "manifest.json"
-    with FileLock(str(root / ".build.lock")):
+    with exclusive_lock(root / ".build.lock"):
         manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
         changed = False
         for db_id, module in database_modules().items():
