@@ -282,13 +282,15 @@ def test_512_writers_under_a_soft_limit_of_1024(shop_dir: Path, tmp_path: Path) 
     assert "raised this process's soft limit on open files from 1024" in proc.stderr
 
 
+def open_on(path: Path) -> int:
+    """How many of this process's descriptors are open on ``path``."""
+    fds = [f"/proc/self/fd/{fd}" for fd in os.listdir("/proc/self/fd")]
+    return sum(os.path.realpath(fd) == str(path) for fd in fds if os.path.exists(fd))
+
+
 def test_a_pool_keeps_each_base_open_between_its_sessions(shop_tasks: list, tmp_path: Path) -> None:
     """An env closes its session before it leases the next: the pool keeps the base's descriptor
     (and its in-place map) for the next one, and lets go when it closes."""
-
-    def open_on(path: Path) -> int:
-        fds = [f"/proc/self/fd/{fd}" for fd in os.listdir("/proc/self/fd")]
-        return sum(os.path.realpath(fd) == str(path) for fd in fds if os.path.exists(fd))
 
     with ReplicaPool(root=tmp_path / "r") as pool:
         if pool.strategy != "overlay":
@@ -302,6 +304,27 @@ def test_a_pool_keeps_each_base_open_between_its_sessions(shop_tasks: list, tmp_
                 ]
             assert open_on(base) == 1
     assert open_on(base) == 0
+
+
+def test_a_pool_holds_its_most_recent_bases_only(
+    shop_tasks: list, shop_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pool_module, "HELD_BASES", 1)
+    other_db = shop_dir / "shop2" / "shop2_template.sqlite"
+    other_db.parent.mkdir()
+    with sqlite3.connect(other_db) as conn:  # a base with other bytes
+        conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    other = parse_task({"instance_id": "o", "db_id": "shop2"}, db_dir=shop_dir)
+    with ReplicaPool(root=tmp_path / "r") as pool:
+        if pool.strategy != "overlay":
+            pytest.skip("the copy strategy opens no base")
+        first = pool.store.base_for(shop_tasks[0].db_path).path.resolve()
+        second = pool.store.base_for(other.db_path).path.resolve()
+        for task in (shop_tasks[0], other):
+            with pool.session(task) as s:
+                assert s.execute("SELECT 1").ok
+        assert (open_on(first), open_on(second)) == (0, 1)
 
 
 def test_running_out_of_descriptors_is_a_clear_error(shop_dir: Path, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ recognises the session files of dead processes (their lock is free) and sweeps t
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import fcntl
 import hashlib
@@ -54,6 +55,7 @@ from birdenv.replicas.session import Limits, Session
 from birdenv.replicas.store import Base, BaseStore
 
 __all__ = [
+    "HELD_BASES",
     "MEMORY_FILESYSTEM",
     "MEMORY_HEADROOM",
     "STRATEGIES",
@@ -76,6 +78,9 @@ MEMORY_FILESYSTEM = Path("/dev/shm")
 #: Bytes a memory filesystem, and the machine's available memory, must keep free for a new session
 #: to go there; below that, new sessions go to disk.
 MEMORY_HEADROOM = 1 << 30
+#: A pool keeps the descriptor and in-place map of this many of its most recently leased bases
+#: open between their sessions.
+HELD_BASES = 64
 _MEMORY_TYPES = frozenset({"tmpfs", "ramfs"})
 # How long a "there is room in memory" answer is trusted: the check reads /proc/meminfo.
 _ROOM_TTL = 0.25
@@ -267,9 +272,9 @@ class ReplicaPool:
         self._slots = threading.BoundedSemaphore(max_sessions) if max_sessions else None
         self._lock = threading.Lock()
         self._open: set[Session] = set()
-        # base sha256 -> overlay.hold_base handle: each base's descriptor and in-place map stay
-        # open while the pool lives, not only while one of its sessions does (see _prepare).
-        self._held: dict[str, int] = {}
+        # base sha256 -> overlay.hold_base handle, least recently leased first: a base's
+        # descriptor and in-place map stay open between its sessions (see _prepare).
+        self._held: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._counter = itertools.count()
         self._stats = {
             "leases": 0,
@@ -418,8 +423,12 @@ class ReplicaPool:
             # An env resets by closing its session before it leases the next: without a hold,
             # every episode would open the base, map it, fault its pages in and unmap it again.
             with self._lock:
-                if base.sha256 not in self._held:
+                if base.sha256 in self._held:
+                    self._held.move_to_end(base.sha256)
+                else:
                     self._held[base.sha256] = overlay.hold_base(base.path)
+                    if len(self._held) > HELD_BASES:  # bound the descriptors and address space
+                        overlay.release_base(self._held.popitem(last=False)[1])
             pages = self._pages(base, path.parent) if self.share_pages else None
             uri = overlay.session_uri(path, base.path, max_bytes=limit, pages=pages)
 
