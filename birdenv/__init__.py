@@ -13,10 +13,15 @@ environments::
 ``birdenv.load_tasks`` loads tasks of either kind (:class:`birdenv.tasks.BaseTask`).
 """
 
-import importlib.abc
-import importlib.machinery
+from __future__ import annotations
+
 import sys
 import types
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import importlib.abc
+    import importlib.machinery
 
 from birdenv.errors import BirdEnvError
 from birdenv.tasks import Task, load_tasks
@@ -47,14 +52,16 @@ def _register() -> None:
         )
 
 
-class _RegisterAfterGymnasium(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _RegisterAfterGymnasium:
     """Registers the environments the moment ``gymnasium`` finishes importing.
 
     Importing gymnasium (and numpy with it) costs ~0.15 s of CPU, which ``birdenv evaluate`` and
     every judging worker would pay for nothing: they never make an environment. So ``import
     birdenv`` registers at once only when gymnasium is already loaded, and otherwise leaves this
     finder on ``sys.meta_path``: it finds gymnasium with the other finders, lets its own loader
-    run, then registers. Nobody can call ``gym.make`` before that.
+    run, then registers. Nobody can call ``gym.make`` before that. It is a finder and a loader by
+    its methods, as the import system asks, not by ``importlib.abc``'s classes: importing that
+    module (and ``importlib.resources`` with it) would cost every process ~10 ms.
     """
 
     def __init__(self) -> None:

@@ -249,10 +249,21 @@ def test_judging_does_not_import_gymnasium() -> None:
     assert _run_python(code).stdout.strip() == "[]"
 
 
-def _run_python(code: str) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter with this checkout importable; it must succeed."""
+def test_judging_imports_nothing_it_does_not_use() -> None:
+    # Every judging worker imports the judge: not importlib.abc (~10 ms, importlib.resources with it)
+    # nor filelock (~15 ms). -S leaves out site, whose installers' finders may import them first.
+    code = (
+        "import sys, birdenv.cli, birdenv.judge\n"
+        "print(sorted(m for m in ('importlib.abc', 'filelock') if m in sys.modules))\n"
+    )
+    assert _run_python(code, "-S").stdout.strip() == "[]"
+
+
+def _run_python(code: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (with ``flags``) with this checkout importable; it
+    must succeed."""
     done = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, *flags, "-c", code],
         cwd=ROOT,
         env={
             **os.environ,
