@@ -35,9 +35,8 @@ def _holder(lock: Path, log: Path, seconds: float) -> subprocess.Popen:
 def test_a_second_process_waits_for_the_holder(tmp_path: Path) -> None:
     lock, log = tmp_path / "x.lock", tmp_path / "log"
     holder = _holder(lock, log, 0.5)
-    with exclusive_lock(lock):
-        with log.open("a") as fh:
-            fh.write("here in\n")
+    with exclusive_lock(lock), log.open("a") as fh:
+        fh.write("here in\n")
     assert holder.wait(timeout=60) == 0
     assert log.read_text().split("\n")[:3] == ["holder in", "holder out", "here in"]
     assert lock.is_file()
