@@ -387,6 +387,16 @@ class Campaign(RuleBasedStateMachine):
         reference. Elsewhere OFF is compared exactly (finding 1)."""
         return sql.replace("journal_mode = OFF", "journal_mode = MEMORY") if self.in_place else sql
 
+    @staticmethod
+    def _journaled(sql: str, journal: str) -> str:
+        """``sql``, with journal modes that keep no journal on disk (MEMORY, OFF) made ``journal``.
+
+        A process that dies inside a transaction leaves a hot journal to recover from, except under
+        those, where what stays behind is undefined in SQLite (finding 5)."""
+        for mode in ("MEMORY", "OFF"):
+            sql = sql.replace(f"journal_mode = {mode}", f"journal_mode = {journal}")
+        return sql
+
     def _view(self, i: int) -> list:
         s = self.sessions[i]
         return view(s) if isinstance(s, sqlite3.Connection) else session_view(s)
@@ -471,7 +481,7 @@ class Campaign(RuleBasedStateMachine):
             return
         which %= len(self.sessions)
         body = [
-            self._defined(data.draw(statements(self.driver))[0])
+            self._journaled(data.draw(statements(self.driver))[0], journal)
             for _ in range(data.draw(st.integers(1, 4)))
         ]
         commit = data.draw(st.booleans())
@@ -641,6 +651,36 @@ def test_finding_rollback_under_journal_off_follows_the_mapped_pages(tmp_path: P
     unmapped, mapped = checks
     assert unmapped == [("ok",)]
     assert mapped != unmapped  # e.g. "row 1 missing from index child_parent"
+
+
+def test_finding_a_crash_under_journal_memory_follows_the_mapped_pages(tmp_path: Path) -> None:
+    """Campaign finding 5 (why the crash rule keeps a journal on disk): a process that died inside
+    a transaction under ``journal_mode=MEMORY``, after its pages spilled, left nothing to roll
+    back with; a session reading in place then showed the committed rows where its reference
+    showed the dead transaction's row. Plain SQLite does that too, on two copies of one database
+    sent the same, when only the reader's ``mmap_size`` differs: SQLite leaves such a crash
+    undefined."""
+    base = build_base(tmp_path / "b.sqlite", 512, "DELETE", 0, 100)
+    crash = (
+        "import os, sqlite3, sys\n"
+        "conn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "for sql in ['PRAGMA cache_size = 2', 'BEGIN', 'PRAGMA journal_mode = MEMORY',\n"
+        "            'INSERT INTO child (parent_id, v, note) VALUES (0, 0.25, NULL)']:\n"
+        "    conn.execute(sql).fetchall()\n"
+        "os._exit(0)\n"
+    )
+    rows = []
+    for mmap in (0, 1 << 30):
+        copy = tmp_path / f"copy-{mmap}.sqlite"
+        shutil.copy(base, copy)
+        with closing(sqlite3.connect(copy, isolation_level=None)) as conn:
+            conn.execute(f"PRAGMA mmap_size = {mmap}")
+            view(conn)  # reads every table, as the campaign's invariant does
+            subprocess.run([sys.executable, "-c", crash, str(copy)], check=True, timeout=120)
+            rows.append(conn.execute("SELECT v FROM child").fetchall())
+    unmapped, mapped = rows
+    assert unmapped == []
+    assert mapped == [(0.25,)]  # the dead transaction's row
 
 
 def run_campaign(examples: int, steps: int = 30, seed: int | None = None) -> None:
