@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import subprocess
 import threading
@@ -88,6 +89,13 @@ SHOP_TASKS = [
         "conditions": {"order": True},
     },
 ]
+
+
+def open_on(path: Path) -> int:
+    """How many of this process's descriptors are open on ``path``."""
+    target = str(path.resolve())
+    fds = [f"/proc/self/fd/{fd}" for fd in os.listdir("/proc/self/fd")]
+    return sum(os.path.realpath(fd) == target for fd in fds if os.path.exists(fd))
 
 
 @pytest.fixture

@@ -251,7 +251,7 @@ def test_judging_does_not_import_gymnasium() -> None:
 
 def test_judging_imports_nothing_it_does_not_use() -> None:
     # Every judging worker imports the judge: not importlib.abc (~10 ms, importlib.resources with it)
-    # nor filelock (~15 ms). -S leaves out site, whose installers' finders may import them first.
+    # nor filelock (~10 ms). -S leaves out site, whose installers' finders may import them first.
     code = (
         "import sys, birdenv.cli, birdenv.judge\n"
         "print(sorted(m for m in ('importlib.abc', 'filelock') if m in sys.modules))\n"

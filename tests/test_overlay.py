@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from birdenv.replicas import overlay
+from tests.conftest import open_on
 
 pytestmark = pytest.mark.skipif(
     not overlay.available(), reason=f"overlay VFS unavailable: {overlay.unavailable_reason()}"
@@ -977,15 +978,6 @@ def test_read_only_session_and_no_fd_leaks(base, tmp_path, pages):
             connect_overlay(tmp_path / "x.sqlite", tmp_path / "nope.sqlite", pages=pages)
     overlay.discard(session)  # a page store's files stay open until its last session goes
     assert fds() == start
-
-
-def open_on(path: Path) -> int:
-    """How many of this process's descriptors are open on ``path``."""
-    return sum(
-        os.path.realpath(f"/proc/self/fd/{fd}") == str(path.resolve())
-        for fd in os.listdir("/proc/self/fd")
-        if os.path.exists(f"/proc/self/fd/{fd}")
-    )
 
 
 def mapped(path: Path) -> bool:

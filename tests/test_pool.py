@@ -19,6 +19,7 @@ from birdenv.replicas.pool import MEMORY_FILESYSTEM, default_sessions_dir, is_me
 from birdenv.replicas.session import run_statement
 from birdenv.suites import file_sha256
 from birdenv.tasks import parse_task
+from tests.conftest import open_on
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -280,12 +281,6 @@ def test_512_writers_under_a_soft_limit_of_1024(shop_dir: Path, tmp_path: Path) 
     assert proc.stdout.splitlines()[-1] == "ok"
     assert "open 512 " in proc.stdout
     assert "raised this process's soft limit on open files from 1024" in proc.stderr
-
-
-def open_on(path: Path) -> int:
-    """How many of this process's descriptors are open on ``path``."""
-    fds = [f"/proc/self/fd/{fd}" for fd in os.listdir("/proc/self/fd")]
-    return sum(os.path.realpath(fd) == str(path) for fd in fds if os.path.exists(fd))
 
 
 def test_a_pool_keeps_each_base_open_between_its_sessions(shop_tasks: list, tmp_path: Path) -> None:
