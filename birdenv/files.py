@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["exclusive_lock", "file_sha256", "home"]
+__all__ = ["exclusive_lock", "file_sha256", "home", "identify"]
 
 
 def home() -> Path:
@@ -32,6 +33,23 @@ def file_sha256(path: Path) -> str:
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def identify(path: str | os.PathLike[str]) -> tuple[str, os.stat_result]:
+    """The real path of the file at ``path`` (symbolic links resolved) and its ``stat``.
+
+    One ``stat`` a call: the resolution, a system call per path component, is remembered for the
+    file the path names now (its device and inode), so a path that comes to name another file is
+    resolved again. Raises ``FileNotFoundError`` when nothing is there.
+    """
+    name = os.fspath(path)
+    st = os.stat(name)
+    return _real_path(name, st.st_dev, st.st_ino), st
+
+
+@functools.lru_cache(maxsize=4096)
+def _real_path(name: str, device: int, inode: int) -> str:
+    return os.path.realpath(name)
 
 
 @contextlib.contextmanager

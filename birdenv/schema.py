@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from birdenv.errors import SchemaError
+from birdenv.files import identify
 from birdenv.sql import fold, referenced_tables
 
 __all__ = [
@@ -178,8 +179,8 @@ def _catalog(path: str, mtime_ns: int) -> tuple[_Object, ...]:
 
 
 def _database(db_path: str | Path) -> tuple[str, int]:
-    path = Path(db_path)
-    return str(path.resolve()), path.stat().st_mtime_ns
+    real, st = identify(db_path)
+    return real, st.st_mtime_ns
 
 
 @functools.lru_cache(maxsize=256)

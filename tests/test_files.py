@@ -1,4 +1,5 @@
-"""``birdenv.files.exclusive_lock``: one holder at a time across processes, released by death."""
+"""``birdenv.files``: ``exclusive_lock`` (one holder at a time across processes, released by
+death) and ``identify`` (a real path, resolved again when the path names another file)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from birdenv.files import exclusive_lock
+import pytest
+
+from birdenv.files import exclusive_lock, identify
 
 
 def _holder(lock: Path, log: Path, seconds: float) -> subprocess.Popen:
@@ -50,3 +53,23 @@ def test_a_holder_that_dies_releases_the_lock(tmp_path: Path) -> None:
     with exclusive_lock(lock):
         pass
     assert "holder out" not in log.read_text()
+
+
+def test_identify_resolves_a_path_again_once_it_names_another_file(tmp_path: Path) -> None:
+    first, second = tmp_path / "first.sqlite", tmp_path / "second.sqlite"
+    first.write_bytes(b"1")
+    second.write_bytes(b"22")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    link = folder / "db.sqlite"
+    link.symlink_to(first)
+    real, st = identify(link)
+    assert (real, st.st_size) == (str(first), 1)
+    assert identify(link)[0] == str(first)  # remembered: the same file
+    link.unlink()
+    link.symlink_to(second)
+    real, st = identify(link)
+    assert (real, st.st_size) == (str(second), 2)
+    link.unlink()
+    with pytest.raises(FileNotFoundError):
+        identify(link)

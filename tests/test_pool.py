@@ -227,6 +227,49 @@ def test_sessions_dir_from_the_argument_or_the_environment(
         assert s.execute("SELECT count(*) FROM customers").rows == [(3,)]
 
 
+def test_a_linked_sessions_dir_is_used_by_its_real_path(shop_tasks: list, tmp_path: Path) -> None:
+    # SQLite names a session's files by their real path: so does the pool, once, and a reset
+    # removes every file a session made without resolving the path again.
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with ReplicaPool(root=tmp_path / "r", sessions_dir=link) as pool:
+        assert pool.sessions_dir == real
+        for exclusive in (True, False):
+            with pool.session(shop_tasks[0], exclusive=exclusive) as s:
+                assert s.path.parent == real
+                assert s.execute("CREATE TABLE t AS SELECT 1 AS x").ok
+                assert s.execute("SELECT x FROM t").rows == [(1,)]
+                assert len(list(real.glob(f"{s.path.name}*"))) > 1  # the state and its side files
+            assert [p.name for p in real.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_a_template_path_that_comes_to_name_another_file_gets_its_base(
+    shop_tasks: list, tmp_path: Path
+) -> None:
+    task = shop_tasks[0]
+    other = tmp_path / "other.sqlite"
+    conn = sqlite3.connect(other)
+    task_db = sqlite3.connect(task.db_path)
+    task_db.backup(conn)
+    task_db.close()
+    conn.execute("DELETE FROM customers WHERE id = 1")
+    conn.commit()
+    conn.close()
+    link = tmp_path / "template.sqlite"
+    link.symlink_to(task.db_path)
+    with ReplicaPool(root=tmp_path / "r") as pool:
+        first = pool.store.base_for(link)
+        assert first == pool.store.base_for(task.db_path)
+        link.unlink()
+        link.symlink_to(other)
+        second = pool.store.base_for(link)
+        assert second.sha256 != first.sha256
+        with pool.open_base(second) as s:
+            assert s.execute("SELECT count(*) FROM customers").rows == [(2,)]
+
+
 # -- file descriptors ---------------------------------------------------------------------------
 def _run_limited(script: str, shop_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     """Run ``script`` in a fresh interpreter (its descriptor limit never touches this process)."""

@@ -197,7 +197,7 @@ class ToolEnv(gym.Env[str, str]):
             "task_id": str(self.task.instance_id),
             "db_id": self.task.db_id,
             "category": self.task.category,
-            "messages": [dict(m) for m in self.messages],
+            "messages": list(map(dict, self.messages)),  # copies: callers may edit them
             "tools": TOOL_SCHEMAS,
         }
 

@@ -166,11 +166,21 @@ def discard(session_path: str | os.PathLike[str]) -> None:
     Close every connection to the session first (pages a connection still uses are released when
     it closes). Idempotent: if interrupted, call it again before the session path is reused.
     """
+    # SQLite names a session by its real path (symbolic links resolved); so does the store.
+    name = os.fspath(session_path)
+    _discard(os.path.realpath(name), os.path.abspath(name))
+
+
+def discard_real(path: str) -> None:
+    """:func:`discard` for a session named by its real path (absolute, no symbolic links), as a
+    pool names its own: no resolving (a system call per path component) on every reset."""
+    _discard(path, path)
+
+
+def _discard(real: str, path: str) -> None:
     if available():
-        # SQLite names a session by its real path (symbolic links resolved); so does the store.
-        _load().release(os.path.realpath(os.fspath(session_path)))
+        _load().release(real)
     # The files of session_files(), as strings: this runs on every reset.
-    path = os.path.abspath(os.fspath(session_path))
     for suffix in _SUFFIXES:
         with suppress(FileNotFoundError):
             os.unlink(path + suffix)

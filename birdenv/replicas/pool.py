@@ -187,7 +187,7 @@ def disk_usage(paths: list[Path]) -> int:
     return total
 
 
-def _tune(conn: sqlite3.Connection) -> None:
+def _tune(conn: sqlite3.Connection, exclusive: bool) -> None:
     """Per-connection settings that keep a session's private disk at O(its changes), and fast.
 
     Debian's build zero-fills freed pages (``secure_delete``), which would copy them into the
@@ -196,8 +196,16 @@ def _tune(conn: sqlite3.Connection) -> None:
     first switch of a fresh state syncs the file (~25 ms of every episode's first statement and
     of both judge phases here), so it is off from the start. A session is thrown away, never
     recovered, so durability buys nothing; neither setting changes a result.
+
+    ``exclusive``: ``locking_mode=EXCLUSIVE``. Set before the first WAL access, SQLite keeps the
+    WAL index in heap memory instead of a ``-shm`` file (32 KiB less disk per session); other
+    connections to the session then wait on its lock, so only sessions nobody else opens ask for
+    it. Set before ``synchronous``, which reads the schema: the lock then taken is kept, and no
+    later transaction locks, unlocks and looks for a hot journal again.
     """
     conn.execute("PRAGMA secure_delete = OFF")
+    if exclusive:
+        conn.execute("PRAGMA locking_mode = EXCLUSIVE")
     conn.execute("PRAGMA synchronous = OFF")
 
 
@@ -259,15 +267,18 @@ class ReplicaPool:
                 self.descriptors_raised_from,
                 descriptors.limits()[0],
             )
-        self.sessions_dir = Path(
+        sessions = Path(
             sessions_dir if sessions_dir is not None else default_sessions_dir(self.root)
         )
-        self.sessions_dir.mkdir(parents=True, exist_ok=True)
+        sessions.mkdir(parents=True, exist_ok=True)
+        # Real paths (symbolic links resolved), as SQLite names the files: a reset then needs no
+        # resolving of its own (a system call per path component).
+        self.sessions_dir = sessions.resolve()
         self.in_memory = is_memory_filesystem(self.sessions_dir)
-        disk = self.root / "sessions"
+        disk = (self.root / "sessions").resolve()
         #: Where new sessions go while the memory filesystem lacks room (None: sessions are on disk).
         self.fallback_dir: Path | None = (
-            disk if self.in_memory and disk.resolve() != self.sessions_dir.resolve() else None
+            disk if self.in_memory and disk != self.sessions_dir else None
         )
         self._slots = threading.BoundedSemaphore(max_sessions) if max_sessions else None
         self._lock = threading.Lock()
@@ -432,23 +443,24 @@ class ReplicaPool:
             pages = self._pages(base, path.parent) if self.share_pages else None
             uri = overlay.session_uri(path, base.path, max_bytes=limit, pages=pages)
 
-            def connect() -> sqlite3.Connection:
+            def connect(exclusive: bool) -> sqlite3.Connection:
                 conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
-                _tune(conn)
                 # Unchanged base pages are read in place from one map of the base that every
                 # session of the process shares (the overlay's xFetch): no copy into each
                 # session's page cache, which a scan larger than that cache would repeat on every
-                # run. The guard keeps statements from changing it.
+                # run. The guard keeps statements from changing it. Set first: the schema, read
+                # next, is read in place too.
                 conn.execute(f"PRAGMA mmap_size = {base.size}")
+                _tune(conn, exclusive)
                 return conn
 
             return connect
         shutil.copyfile(base.path, path)
         path.chmod(0o644)
 
-        def connect_copy() -> sqlite3.Connection:
+        def connect_copy(exclusive: bool) -> sqlite3.Connection:
             conn = sqlite3.connect(path, check_same_thread=False)
-            _tune(conn)
+            _tune(conn, exclusive)
             if limit is not None:
                 # Bound the private copy's growth to the base plus the session's allowance.
                 page = conn.execute("PRAGMA page_size").fetchone()[0]
@@ -465,7 +477,7 @@ class ReplicaPool:
 
     def _discard(self, path: Path) -> None:
         if self.strategy == "overlay":
-            overlay.discard(path)
+            overlay.discard_real(str(path))  # a real path: its folder is (see __init__)
             return
         for suffix in _COPY_SUFFIXES:
             with contextlib.suppress(FileNotFoundError):

@@ -104,6 +104,9 @@ class Result:
 _EIGHTS = itertools.repeat(8)
 
 
+_FIRST = operator.itemgetter(0)  # a column's name in cursor.description
+
+
 def _row_bytes(row: tuple[Any, ...]) -> int:
     return sum(map(operator.length_hint, row, _EIGHTS)) + 8
 
@@ -116,6 +119,13 @@ def _result_bytes(sql: str, result: Result) -> int:
     return 256 + len(sql) + sum(len(c) for c in result.columns) + int(per_row * len(rows))
 
 
+def _batch_bytes(batch: list[tuple[Any, ...]]) -> int:
+    """:func:`_row_bytes` summed over ``batch``, all in C (no Python call per row or value)."""
+    return sum(map(operator.length_hint, itertools.chain.from_iterable(batch), _EIGHTS)) + 8 * len(
+        batch
+    )
+
+
 def _fetch(cursor: sqlite3.Cursor, max_rows: int, max_bytes: int | None) -> tuple[list, bool]:
     """Fetch at most ``max_rows`` rows and about ``max_bytes``; say whether more were left."""
     rows: list[tuple[Any, ...]] = []
@@ -124,11 +134,14 @@ def _fetch(cursor: sqlite3.Cursor, max_rows: int, max_bytes: int | None) -> tupl
         want = min(512, max_rows - len(rows))
         batch = cursor.fetchmany(want)
         if max_bytes is not None:
-            for i, row in enumerate(batch):
-                size += _row_bytes(row)
-                if size > max_bytes:
-                    rows += batch[:i]
-                    return rows, True
+            size += _batch_bytes(batch)
+            if size > max_bytes:  # the batch crosses the cap: keep the rows before the crossing
+                size -= _batch_bytes(batch)
+                for i, row in enumerate(batch):
+                    size += _row_bytes(row)
+                    if size > max_bytes:
+                        rows += batch[:i]
+                        return rows, True
         rows += batch
         if len(batch) < want:  # the statement is done: asking again would return nothing
             return rows, False
@@ -185,7 +198,7 @@ def run_statement(
     cursor = conn.cursor()
     try:
         cursor.execute(sql)
-        columns = [d[0] for d in cursor.description or ()]
+        columns = list(map(_FIRST, cursor.description or ()))
         if sql.strip().lower().startswith(("select", "with")):
             rows, truncated = _fetch(cursor, max_rows, max_result_bytes)
             return rows, columns, truncated
@@ -217,14 +230,16 @@ class Session:
     Given a ``results`` cache and the digest of its starting ``state``, :meth:`execute` hands out
     the stored result of a read-only statement a trajectory in the same state already ran, and
     stores its own. Using ``conn`` or :meth:`connect` ends that for the session: its state is then
-    no longer the history of its statements.
+    no longer the history of its statements. ``connect(exclusive)`` opens a connection on the
+    state, holding its lock for its whole life when ``exclusive`` (the session's own connection,
+    for a session nobody else opens).
     """
 
     def __init__(
         self,
         *,
         path: Path,
-        connect: Callable[[], sqlite3.Connection],
+        connect: Callable[[bool], sqlite3.Connection],
         limits: Limits,
         release: Callable[[Session], None],
         task_id: str | None = None,
@@ -246,12 +261,9 @@ class Session:
         self._results = results
         self._state = state if results is not None else None
         self._watch = StatementWatch() if self._state is not None else None
-        self._conn: sqlite3.Connection | None = self._guarded(self._watch or authorizer)
-        if exclusive:
-            # Set before the first WAL access, SQLite keeps the WAL index in heap memory instead
-            # of a -shm file: 32 KiB less disk per session. Other connections to this session
-            # then wait on its lock, so only sessions nobody else opens ask for it.
-            self._conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+        self._conn: sqlite3.Connection | None = self._guarded(
+            self._watch or authorizer, exclusive=exclusive
+        )
 
     @property
     def db_path(self) -> str:
@@ -281,8 +293,8 @@ class Session:
         self._state = None
         return self._guarded(authorizer)
 
-    def _guarded(self, guard: Callable[..., int]) -> sqlite3.Connection:
-        conn = self._connect()
+    def _guarded(self, guard: Callable[..., int], *, exclusive: bool = False) -> sqlite3.Connection:
+        conn = self._connect(exclusive)
         conn.set_authorizer(guard)
         # The deadline cannot interrupt one function call: bound the size of any single value
         # (printf('%.*c', 9e8, 'x') would otherwise build a gigabyte before the next check).

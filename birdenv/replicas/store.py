@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 from birdenv.errors import DatabaseNotFoundError
-from birdenv.files import exclusive_lock, file_sha256
+from birdenv.files import exclusive_lock, file_sha256, identify
 
 __all__ = ["Base", "BaseStore"]
 
@@ -52,10 +52,10 @@ class BaseStore:
         """The base of a template, materialised on first use and verified before it is served."""
         template = Path(template)
         try:
-            st = template.stat()
+            real, st = identify(template)
         except FileNotFoundError:
             raise DatabaseNotFoundError(f"template database not found: {template}") from None
-        key = (str(template.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+        key = (real, st.st_size, st.st_mtime_ns, st.st_ino)
         with self._lock:
             base = self._by_source.get(key) or self._lookup_index(key)
             if base is None or not self._intact(base):
