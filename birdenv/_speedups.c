@@ -1,5 +1,5 @@
 /* The observation formatter's table, in C: every step of every episode formats its result here,
- * and parses its tool call (below).
+ * parses its tool call and counts its result's bytes (below).
  *
  * birdenv.tools holds the rule (_cell and _table) and uses these functions when they are built;
  * tests/test_tools.py checks that both give the same text for any value SQLite can return and for
@@ -129,6 +129,48 @@ done:
     return text;
 }
 
+/* ------------------------------------------------------------------ a result's size */
+
+/* batch_bytes(rows): birdenv.replicas.session._row_bytes summed over rows: per row, each value's
+ * operator.length_hint(value, 8) plus 8. SQLite's types first: the length of an exact str or
+ * bytes, 8 for an exact int, float or None (none of which has a length or a length hint, which
+ * Python only finds out by looking both up); PyObject_LengthHint, what length_hint runs, for the
+ * rest. */
+static PyObject *batch_bytes(PyObject *module, PyObject *rows)
+{
+    PyObject *outer = PySequence_Fast(rows, "batch_bytes() takes a sequence of rows");
+    if (outer == NULL)
+        return NULL;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(outer); i++) {
+        PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(outer, i), "a row is a sequence");
+        if (row == NULL)
+            goto fail;
+        total += 8;
+        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(row); j++) {
+            PyObject *value = PySequence_Fast_GET_ITEM(row, j);
+            Py_ssize_t size;
+            if (PyUnicode_CheckExact(value))
+                size = PyUnicode_GET_LENGTH(value);
+            else if (PyBytes_CheckExact(value))
+                size = PyBytes_GET_SIZE(value);
+            else if (value == Py_None || PyLong_CheckExact(value) || PyFloat_CheckExact(value))
+                size = 8;
+            else if ((size = PyObject_LengthHint(value, 8)) < 0) {
+                Py_DECREF(row);
+                goto fail;
+            }
+            total += size;
+        }
+        Py_DECREF(row);
+    }
+    Py_DECREF(outer);
+    return PyLong_FromSsize_t(total);
+fail:
+    Py_DECREF(outer);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------ the tool-call parser */
 
 static PyObject *ToolCall, *ToolCallError, *scan_once, *JSONDecodeError;
@@ -139,7 +181,7 @@ static PyObject *configure(PyObject *module, PyObject *args)
 {
     PyObject *a, *b, *c, *d;
     Py_ssize_t cell_chars;
-    if (!PyArg_ParseTuple(args, "OOOOn:configure", &a, &b, &c, &d, &cell_chars))
+    if (!PyArg_ParseTuple(args, "O!OOOn:configure", &PyType_Type, &a, &b, &c, &d, &cell_chars))
         return NULL;
     if (cell_chars < 3) {
         PyErr_SetString(PyExc_ValueError, "a cell shows at least 3 characters");
@@ -155,6 +197,22 @@ static PyObject *configure(PyObject *module, PyObject *args)
     Py_XSETREF(scan_once, c);
     Py_XSETREF(JSONDecodeError, d);
     Py_RETURN_NONE;
+}
+
+/* ToolCall(name, arguments), made without the dataclass's __init__, which sets the two fields
+ * through object.__setattr__ (it is frozen): the object __init__ makes, a fifth of the time. */
+static PyObject *make_call(PyObject *name, PyObject *arguments)
+{
+    PyTypeObject *type = (PyTypeObject *)ToolCall;
+    PyObject *none = PyTuple_New(0);
+    if (none == NULL)
+        return NULL;
+    PyObject *call = type->tp_new(type, none, NULL);
+    Py_DECREF(none);
+    if (call != NULL && (PyObject_GenericSetAttr(call, s_name, name) < 0 ||
+                         PyObject_GenericSetAttr(call, s_arguments, arguments) < 0))
+        Py_CLEAR(call);
+    return call;
 }
 
 /* Raise ToolCallError(message), taking the reference to message; always NULL. */
@@ -197,7 +255,12 @@ static PyObject *json_value(PyObject *text)
         json_error(s_bom, text, 0);
         return NULL;
     }
-    PyObject *result = PyObject_CallFunction(scan_once, "On", text, skip_ws(text, 0, n));
+    PyObject *start = PyLong_FromSsize_t(skip_ws(text, 0, n));
+    if (start == NULL)
+        return NULL;
+    PyObject *args[2] = {text, start};
+    PyObject *result = PyObject_Vectorcall(scan_once, args, 2, NULL);
+    Py_DECREF(start);
     if (result == NULL) {
         if (PyErr_ExceptionMatches(PyExc_StopIteration)) {
             PyObject *type, *value, *tb;
@@ -380,7 +443,7 @@ static PyObject *parse_tool_call(PyObject *module, PyObject *text)
     if (checked == NULL)
         goto done;
     if (PyDict_SetItem(checked, key, value) == 0)
-        result = PyObject_CallFunctionObjArgs(ToolCall, name, checked, NULL);
+        result = make_call(name, checked);
     Py_DECREF(checked);
 done:
     Py_XDECREF(name);
@@ -395,6 +458,9 @@ static PyMethodDef methods[] = {
      "parse_tool_call makes and raises, json's scanner, and the longest cell table shows."},
     {"parse_tool_call", parse_tool_call, METH_O,
      "The single tool call of a turn, as birdenv.tools' rule parses it."},
+    {"batch_bytes", batch_bytes, METH_O,
+     "batch_bytes(rows): about how many bytes the rows hold, as birdenv.replicas.session counts "
+     "them."},
     {"table", table, METH_VARARGS,
      "table(columns, rows): the header line and one line per row, joined by newlines."},
     {NULL, NULL, 0, NULL},
@@ -402,7 +468,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "birdenv._speedups",
-    "The observation table and the tool-call parser in C (the rules are birdenv.tools')", -1, methods,
+    "The observation table, the tool-call parser and a result's size in C (the rules are "
+    "birdenv.tools' and birdenv.replicas.session's)", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__speedups(void)

@@ -39,16 +39,16 @@ def identify(path: str | os.PathLike[str]) -> tuple[str, os.stat_result]:
     """The real path of the file at ``path`` (symbolic links resolved) and its ``stat``.
 
     One ``stat`` a call: the resolution, a system call per path component, is remembered for the
-    file the path names now (its device and inode), so a path that comes to name another file is
-    resolved again. Raises ``FileNotFoundError`` when nothing is there.
+    file the path names now (its device, inode and modification time), so a path that comes to
+    name another file is resolved again. Raises ``FileNotFoundError`` when nothing is there.
     """
     name = os.fspath(path)
     st = os.stat(name)
-    return _real_path(name, st.st_dev, st.st_ino), st
+    return _real_path(name, st.st_dev, st.st_ino, st.st_mtime_ns), st
 
 
 @functools.lru_cache(maxsize=4096)
-def _real_path(name: str, device: int, inode: int) -> str:
+def _real_path(name: str, device: int, inode: int, mtime_ns: int) -> str:
     return os.path.realpath(name)
 
 

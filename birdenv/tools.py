@@ -260,12 +260,9 @@ def format_observation(result: Result) -> str:
         return "status: ok\nstatement executed; no rows returned"
     shown = result.rows[:MAX_SHOWN_ROWS]
     more = "+" if result.truncated else ""
-    text = (
-        f"status: ok\nrows: {len(result.rows)}{more}"
-        + (f" (showing first {len(shown)})" if len(shown) < len(result.rows) else "")
-        + "\n"
-        + _render_table(result.columns, shown)
-    )
+    showing = f" (showing first {len(shown)})" if len(shown) < len(result.rows) else ""
+    table = _render_table(result.columns, shown)
+    text = f"status: ok\nrows: {len(result.rows)}{more}{showing}\n{table}"
     if result.truncated:
         text += "\nnote: the result was cut at the row or size limit; add LIMIT or aggregate"
     if len(text) > _MAX_OBSERVATION_CHARS:

@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,32 @@ def test_bounds_deadline_rows_bytes(shop_tasks: list, tmp_path: Path) -> None:
         wide = s.execute("SELECT randomblob(4000) FROM customers")
         assert wide.truncated and len(wide.rows) == 2
         assert s.execute("SELECT 1").rows == [(1,)]
+
+
+# ~4 s of work unbounded (a broken deadline fails the test instead of hanging it)
+_SLOW = (
+    "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r LIMIT 30000000) "
+    "SELECT count(*) FROM r"
+)
+
+
+def test_deadlines_bind_each_statement_alone(shop_tasks: list, tmp_path: Path) -> None:
+    # The session's connection keeps one progress handler; each statement sets its deadline.
+    with ReplicaPool(root=tmp_path / "r") as pool, pool.session(shop_tasks[0]) as s:
+        assert s.execute("SELECT 1", timeout=0.05).rows == [(1,)]
+        time.sleep(0.1)  # past that statement's deadline: nothing after it may inherit it
+        s.prepare(
+            "CREATE TABLE n AS WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r "
+            "LIMIT 200000) SELECT count(*) AS c FROM r"
+        )
+        assert s.execute("SELECT c FROM n", timeout=5).rows == [(200000,)]
+        assert s.execute(_SLOW, timeout=0.2).timed_out
+        # Whoever holds the connection may replace its progress handler: deadlines still hold.
+        s.conn.set_progress_handler(None, 0)
+        started = time.monotonic()
+        slow = s.execute(_SLOW, timeout=0.2)
+        assert slow.timed_out and time.monotonic() - started < 2
+        assert s.execute("SELECT count(*) FROM customers").rows == [(3,)]
 
 
 def test_private_disk_cap(shop_tasks: list, tmp_path: Path) -> None:

@@ -140,6 +140,36 @@ def test_the_c_table_is_the_rule(columns: list[str], rows: list) -> None:
     assert speedups.table(columns, rows) == tools._table(columns, rows)
 
 
+@given(
+    rows=st.lists(st.tuples(_VALUES, _VALUES, _VALUES) | st.lists(_VALUES, max_size=4), max_size=5)
+)
+def test_the_c_byte_count_is_the_rule(rows: list) -> None:
+    """``birdenv._speedups.batch_bytes``, which counts every batch a session fetches against its
+    byte cap, counts what the rule counts: ``length_hint(value, 8)`` a value, 8 a row."""
+    speedups = pytest.importorskip("birdenv._speedups", reason="built without a C compiler")
+    from birdenv.replicas import session
+
+    assert session._batch_bytes is speedups.batch_bytes  # what _fetch uses
+    expected = sum(session._row_bytes(tuple(row)) for row in rows)
+    assert speedups.batch_bytes(rows) == session._rows_bytes(rows) == expected
+    assert speedups.batch_bytes(tuple(rows)) == expected
+
+
+def test_the_c_byte_count_raises_what_the_rule_raises() -> None:
+    speedups = pytest.importorskip("birdenv._speedups", reason="built without a C compiler")
+    from birdenv.replicas import session
+
+    class Unmeasurable:
+        def __length_hint__(self) -> int:
+            raise RuntimeError("no size")
+
+    for rows in ([5], [(Unmeasurable(),)], None):
+        with pytest.raises((RuntimeError, TypeError)) as c_error:
+            speedups.batch_bytes(rows)
+        with pytest.raises(type(c_error.value)):
+            session._rows_bytes(rows)
+
+
 def test_the_c_table_raises_what_the_rule_raises() -> None:
     speedups = pytest.importorskip("birdenv._speedups", reason="built without a C compiler")
     from birdenv import tools

@@ -41,6 +41,7 @@ __all__ = [
     "Session",
     "StatementTimeout",
     "apply_settings",
+    "deadline_handler",
     "run_statement",
 ]
 
@@ -111,19 +112,28 @@ def _row_bytes(row: tuple[Any, ...]) -> int:
     return sum(map(operator.length_hint, row, _EIGHTS)) + 8
 
 
+def _rows_bytes(rows: list[tuple[Any, ...]]) -> int:
+    """:func:`_row_bytes` summed over ``rows``: the rule ``birdenv._speedups.batch_bytes`` follows."""
+    return sum(map(operator.length_hint, itertools.chain.from_iterable(rows), _EIGHTS)) + 8 * len(
+        rows
+    )
+
+
+# Every fetched batch is counted: in C a value costs a type check, where length_hint looks up two
+# special methods for every number and NULL (~1 us of a one-row step's 14). Without a C compiler at
+# install time the rule counts.
+try:
+    from birdenv._speedups import batch_bytes as _batch_bytes
+except ImportError:
+    _batch_bytes = _rows_bytes
+
+
 def _result_bytes(sql: str, result: Result) -> int:
     """About how much memory a stored result holds (rows sampled: results run to 10,000 rows)."""
     rows = result.rows
     sample = rows[:: max(1, len(rows) // 32)]
-    per_row = sum(_row_bytes(r) for r in sample) / len(sample) + 56 if sample else 0
+    per_row = _batch_bytes(sample) / len(sample) + 56 if sample else 0
     return 256 + len(sql) + sum(len(c) for c in result.columns) + int(per_row * len(rows))
-
-
-def _batch_bytes(batch: list[tuple[Any, ...]]) -> int:
-    """:func:`_row_bytes` summed over ``batch``, all in C (no Python call per row or value)."""
-    return sum(map(operator.length_hint, itertools.chain.from_iterable(batch), _EIGHTS)) + 8 * len(
-        batch
-    )
 
 
 def _fetch(cursor: sqlite3.Cursor, max_rows: int, max_bytes: int | None) -> tuple[list, bool]:
@@ -134,17 +144,16 @@ def _fetch(cursor: sqlite3.Cursor, max_rows: int, max_bytes: int | None) -> tupl
         want = min(512, max_rows - len(rows))
         batch = cursor.fetchmany(want)
         if max_bytes is not None:
-            size += _batch_bytes(batch)
-            if size > max_bytes:  # the batch crosses the cap: keep the rows before the crossing
-                size -= _batch_bytes(batch)
+            grown = size + _batch_bytes(batch)
+            if grown > max_bytes:  # the batch crosses the cap: keep the rows before the crossing
                 for i, row in enumerate(batch):
                     size += _row_bytes(row)
                     if size > max_bytes:
-                        rows += batch[:i]
-                        return rows, True
-        rows += batch
+                        return rows + batch[:i], True
+            size = grown
         if len(batch) < want:  # the statement is done: asking again would return nothing
-            return rows, False
+            return (rows + batch if rows else batch), False
+        rows += batch
     return rows, cursor.fetchone() is not None
 
 
@@ -178,6 +187,7 @@ def run_statement(
     max_other_rows: int | None = None,
     max_result_bytes: int | None = None,
     deadline: float | None = None,
+    watched: bool = False,
 ) -> tuple[list[tuple[Any, ...]] | None, list[str], bool]:
     """Run one statement the way the official evaluator does, and return ``(rows, columns, truncated)``.
 
@@ -188,18 +198,23 @@ def run_statement(
     and then fetched (``None`` if fetching fails; the official code keeps every row, so
     ``max_other_rows`` is ``None`` when judging and a cap in sessions); an error rolls back and
     propagates. ``deadline`` is a ``time.monotonic()`` instant past which the statement is
-    interrupted with :class:`StatementTimeout`. Running out of file descriptors raises
-    :class:`~birdenv.errors.DescriptorLimitError`.
+    interrupted with :class:`StatementTimeout`; ``watched=True`` says that a progress handler of
+    the caller's already interrupts ``conn`` at ``deadline`` (:func:`deadline_handler`). Running out
+    of file descriptors raises :class:`~birdenv.errors.DescriptorLimitError`.
     """
     if settings:
         apply_settings(conn)
-    if deadline is not None:
+    install = deadline is not None and not watched
+    if install:
         conn.set_progress_handler(lambda: int(time.monotonic() > deadline), _PROGRESS_STEPS)
     cursor = conn.cursor()
     try:
         cursor.execute(sql)
         columns = list(map(_FIRST, cursor.description or ()))
-        if sql.strip().lower().startswith(("select", "with")):
+        # The official test, sql.strip().lower().startswith(...), on the first six characters
+        # only: the same answer (lowering a character never makes or unmakes these ASCII words)
+        # without two copies of a long statement.
+        if sql.lstrip()[:6].lower().startswith(("select", "with")):
             rows, truncated = _fetch(cursor, max_rows, max_result_bytes)
             return rows, columns, truncated
         conn.commit()
@@ -216,8 +231,26 @@ def run_statement(
         raise
     finally:
         cursor.close()
-        if deadline is not None:
+        if install:
             conn.set_progress_handler(None, 0)
+
+
+def deadline_handler(conn: sqlite3.Connection) -> list[float | None]:
+    """Install on ``conn`` a progress handler that interrupts a statement once the instant in the
+    returned one-item list has passed (``time.monotonic()``; ``None``: no deadline).
+
+    What :func:`run_statement` does around each statement given a ``deadline``, set up once: a
+    caller that runs many statements sets the list's item instead (two calls to SQLite and a new
+    function less a statement) and passes ``watched=True``.
+    """
+    deadline: list[float | None] = [None]
+
+    def expired() -> int:
+        at = deadline[0]
+        return at is not None and time.monotonic() > at
+
+    conn.set_progress_handler(expired, _PROGRESS_STEPS)
+    return deadline
 
 
 class Session:
@@ -264,6 +297,10 @@ class Session:
         self._conn: sqlite3.Connection | None = self._guarded(
             self._watch or authorizer, exclusive=exclusive
         )
+        # The deadline the connection's own progress handler enforces; None once the connection
+        # has been handed out, whose holder may replace the handler (run_statement then installs
+        # one around each statement).
+        self._deadline: list[float | None] | None = deadline_handler(self._conn)
 
     @property
     def db_path(self) -> str:
@@ -277,6 +314,7 @@ class Session:
         if self._conn is None:
             raise SessionClosedError("this session is closed; lease a new one from the pool")
         self._settled = self._untouched = False  # whoever holds it may change any setting
+        self._deadline = None  # ... and the progress handler
         self._state = None
         return self._conn
 
@@ -358,7 +396,8 @@ class Session:
                     shared=True,
                 )
         watch = self._watch if self._state is not None else None
-        in_transaction, changes = conn.in_transaction, conn.total_changes
+        if watch is not None:  # what tracking compares the statement's effect with
+            in_transaction, changes = conn.in_transaction, conn.total_changes
         try:
             result = self._run(conn, sql, limit, start, watch)
             if watch is not None:
@@ -397,6 +436,7 @@ class Session:
         # them again changes nothing until a statement changes them, and only a PRAGMA can (on
         # this connection: others are ruled out by _alone): ~7 us saved per statement.
         settled, self._settled = self._settled, False
+        watched = self._deadline
         try:
             if watch is not None:
                 watch.begin()  # a failing setting counts as a change of this statement's
@@ -404,6 +444,8 @@ class Session:
                 settled = self._settings(conn)
             if watch is not None:
                 watch.begin()
+            if watched is not None:
+                watched[0] = deadline
             rows, columns, truncated = run_statement(
                 conn,
                 sql,
@@ -412,6 +454,7 @@ class Session:
                 max_other_rows=self.limits.max_rows,
                 max_result_bytes=self.limits.max_result_bytes,
                 deadline=deadline,
+                watched=watched is not None,
             )
         except StatementTimeout:
             return Result(
@@ -428,6 +471,8 @@ class Session:
             # result too large to build. All are the statement's fault, not the caller's.
             return Result([], [], -1, False, _message(exc), time.monotonic() - start)
         finally:
+            if watched is not None:
+                watched[0] = None
             self._settled = (
                 settled and self._alone and isinstance(sql, str) and "pragma" not in sql.lower()
             )
