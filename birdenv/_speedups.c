@@ -173,15 +173,16 @@ fail:
 
 /* ------------------------------------------------------------------ the tool-call parser */
 
-static PyObject *ToolCall, *ToolCallError, *scan_once, *JSONDecodeError;
+static PyObject *ToolCall, *ToolCallError, *scan_once, *scanstring, *JSONDecodeError;
 static PyObject *s_open_tag, *s_close_tag, *s_name, *s_arguments, *s_execute_sql,
-    *s_submit_solution, *s_sql, *s_sql_list, *s_expecting_value, *s_extra_data, *s_bom;
+    *s_submit_solution, *s_sql, *s_sql_list, *s_expecting_value, *s_extra_data, *s_bom,
+    *s_canonical_head, *s_canonical_tail;
 
 static PyObject *configure(PyObject *module, PyObject *args)
 {
-    PyObject *a, *b, *c, *d;
+    PyObject *a, *b, *c, *e, *d;
     Py_ssize_t cell_chars;
-    if (!PyArg_ParseTuple(args, "O!OOOn:configure", &PyType_Type, &a, &b, &c, &d, &cell_chars))
+    if (!PyArg_ParseTuple(args, "O!OOOOn:configure", &PyType_Type, &a, &b, &c, &e, &d, &cell_chars))
         return NULL;
     if (cell_chars < 3) {
         PyErr_SetString(PyExc_ValueError, "a cell shows at least 3 characters");
@@ -192,9 +193,11 @@ static PyObject *configure(PyObject *module, PyObject *args)
     Py_INCREF(b);
     Py_INCREF(c);
     Py_INCREF(d);
+    Py_INCREF(e);
     Py_XSETREF(ToolCall, a);
     Py_XSETREF(ToolCallError, b);
     Py_XSETREF(scan_once, c);
+    Py_XSETREF(scanstring, e);
     Py_XSETREF(JSONDecodeError, d);
     Py_RETURN_NONE;
 }
@@ -295,6 +298,41 @@ static PyObject *json_value(PyObject *text)
     return value;
 }
 
+/* The call in block when it is an execute_sql call written exactly as format_tool_call writes it
+ * (what a model that learnt the format emits): its SQL decoded by json's own scanstring, as
+ * json.loads decodes it, without building and searching the two objects around it. NULL without
+ * an error for any other text (a decoding error too): the general path then parses it, and words
+ * its errors. */
+static PyObject *canonical_call(PyObject *block)
+{
+    const Py_ssize_t n = PyUnicode_GET_LENGTH(block), head = PyUnicode_GET_LENGTH(s_canonical_head);
+    if (n < head + 3 || PyUnicode_Tailmatch(block, s_canonical_head, 0, head, -1) != 1 ||
+        PyUnicode_Tailmatch(block, s_canonical_tail, n - 2, n, 1) != 1)
+        return NULL;
+    PyObject *start = PyLong_FromSsize_t(head);
+    if (start == NULL)
+        return NULL;
+    PyObject *args[2] = {block, start};
+    PyObject *scanned = PyObject_Vectorcall(scanstring, args, 2, NULL);
+    Py_DECREF(start);
+    if (scanned == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_ValueError))
+            PyErr_Clear(); /* JSONDecodeError: the general path says what is wrong */
+        return NULL;
+    }
+    PyObject *call = NULL;
+    if (PyTuple_Check(scanned) && PyTuple_GET_SIZE(scanned) == 2 &&
+        PyUnicode_Check(PyTuple_GET_ITEM(scanned, 0)) &&
+        PyLong_AsSsize_t(PyTuple_GET_ITEM(scanned, 1)) == n - 2) {
+        PyObject *arguments = PyDict_New();
+        if (arguments != NULL && PyDict_SetItem(arguments, s_sql, PyTuple_GET_ITEM(scanned, 0)) == 0)
+            call = make_call(s_execute_sql, arguments);
+        Py_XDECREF(arguments);
+    }
+    Py_DECREF(scanned);
+    return call;
+}
+
 static PyObject *parse_tool_call(PyObject *module, PyObject *text)
 {
     if (ToolCall == NULL) {
@@ -337,6 +375,11 @@ static PyObject *parse_tool_call(PyObject *module, PyObject *text)
     PyObject *block = PyUnicode_Substring(text, first, first_end);
     if (block == NULL)
         return NULL;
+    PyObject *fast = canonical_call(block);
+    if (fast != NULL || PyErr_Occurred()) {
+        Py_DECREF(block);
+        return fast;
+    }
     PyObject *call = json_value(block);
     Py_DECREF(block);
     if (call == NULL) {
@@ -454,8 +497,9 @@ done:
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
-     "configure(ToolCall, ToolCallError, scan_once, JSONDecodeError, max_cell_chars): what "
-     "parse_tool_call makes and raises, json's scanner, and the longest cell table shows."},
+     "configure(ToolCall, ToolCallError, scan_once, scanstring, JSONDecodeError, max_cell_chars): "
+     "what parse_tool_call makes and raises, json's scanner and string decoder, and the longest "
+     "cell table shows."},
     {"parse_tool_call", parse_tool_call, METH_O,
      "The single tool call of a turn, as birdenv.tools' rule parses it."},
     {"batch_bytes", batch_bytes, METH_O,
@@ -497,8 +541,11 @@ PyMODINIT_FUNC PyInit__speedups(void)
     s_expecting_value = PyUnicode_InternFromString("Expecting value");
     s_extra_data = PyUnicode_InternFromString("Extra data");
     s_bom = PyUnicode_InternFromString("Unexpected UTF-8 BOM (decode using utf-8-sig)");
+    s_canonical_head = PyUnicode_InternFromString("{\"name\": \"execute_sql\", \"arguments\": {\"sql\": \"");
+    s_canonical_tail = PyUnicode_InternFromString("}}");
     if (!s_open_tag || !s_close_tag || !s_name || !s_arguments || !s_execute_sql ||
-        !s_submit_solution || !s_sql || !s_sql_list || !s_expecting_value || !s_extra_data || !s_bom)
+        !s_submit_solution || !s_sql || !s_sql_list || !s_expecting_value || !s_extra_data || !s_bom ||
+        !s_canonical_head || !s_canonical_tail)
         return NULL;
     if (!s_null || !s_newline || !s_esc_newline || !s_bar || !s_esc_bar || !s_ellipsis || !s_g10 ||
         !s_sep || !s_open || !s_close || !s_eol || !s_empty)

@@ -247,7 +247,12 @@ except ImportError as exc:
 else:
     SPEEDUPS_MISSING = None
     _speedups.configure(
-        ToolCall, ToolCallError, JSONDecoder().scan_once, json.JSONDecodeError, MAX_CELL_CHARS
+        ToolCall,
+        ToolCallError,
+        JSONDecoder().scan_once,
+        json.decoder.scanstring,
+        json.JSONDecodeError,
+        MAX_CELL_CHARS,
     )
     _render_table, _parse = _speedups.table, _speedups.parse_tool_call
 

@@ -268,6 +268,34 @@ def test_the_c_parser_is_the_rule(text: str) -> None:
     assert outcome(speedups.parse_tool_call) == outcome(tools._parse_tool_call)
 
 
+@settings(max_examples=400)
+@given(
+    sql=st.text() | st.sampled_from(['"}}', "\\", "\ud800x", "a\x00b", "\u2028", "}}", ""]),
+    ascii_only=st.booleans(),
+    tail=st.sampled_from(["", "", "", "}", " ", "x", "\n", "}}"]),
+)
+def test_the_c_parser_reads_calls_as_written_like_the_rule(
+    sql: str, ascii_only: bool, tail: str
+) -> None:
+    """The canonical ``execute_sql`` call, as ``format_tool_call`` writes it (the C parser's
+    short path), and the same with anything after it in the block: the rule's outcome."""
+    speedups = pytest.importorskip("birdenv._speedups", reason="built without a C compiler")
+    from birdenv import tools
+
+    body = json.dumps({"name": "execute_sql", "arguments": {"sql": sql}}, ensure_ascii=ascii_only)
+    text = f"<tool_call>{body}{tail}</tool_call>"
+
+    def outcome(parse) -> object:
+        try:
+            return parse(text)
+        except ToolCallError as exc:
+            return ("error", str(exc))
+
+    assert outcome(speedups.parse_tool_call) == outcome(tools._parse_tool_call)
+    if not tail:
+        assert speedups.parse_tool_call(text).arguments == {"sql": sql}
+
+
 def test_without_the_c_extension_the_rules_run_themselves() -> None:
     """An install without a C compiler parses and formats with the rules in ``birdenv.tools``,
     and says so."""
