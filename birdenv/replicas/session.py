@@ -240,8 +240,8 @@ def deadline_handler(conn: sqlite3.Connection) -> list[float | None]:
     returned one-item list has passed (``time.monotonic()``; ``None``: no deadline).
 
     What :func:`run_statement` does around each statement given a ``deadline``, set up once: a
-    caller that runs many statements sets the list's item instead (two calls to SQLite and a new
-    function less a statement) and passes ``watched=True``.
+    caller that runs many statements sets the list's item before each and passes
+    ``watched=True``, saving two calls into SQLite and a new function per statement.
     """
     deadline: list[float | None] = [None]
 
