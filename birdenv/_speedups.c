@@ -251,6 +251,18 @@ static void json_error(PyObject *msg, PyObject *text, Py_ssize_t pos)
 }
 
 /* json.loads(text) for a str, with json's own errors (JSONDecodeError, RecursionError). */
+/* func(text, at): how json's scanner and string decoder are called */
+static PyObject *call_at(PyObject *func, PyObject *text, Py_ssize_t at)
+{
+    PyObject *start = PyLong_FromSsize_t(at);
+    if (start == NULL)
+        return NULL;
+    PyObject *args[2] = {text, start};
+    PyObject *result = PyObject_Vectorcall(func, args, 2, NULL);
+    Py_DECREF(start);
+    return result;
+}
+
 static PyObject *json_value(PyObject *text)
 {
     Py_ssize_t n = PyUnicode_GET_LENGTH(text);
@@ -258,12 +270,7 @@ static PyObject *json_value(PyObject *text)
         json_error(s_bom, text, 0);
         return NULL;
     }
-    PyObject *start = PyLong_FromSsize_t(skip_ws(text, 0, n));
-    if (start == NULL)
-        return NULL;
-    PyObject *args[2] = {text, start};
-    PyObject *result = PyObject_Vectorcall(scan_once, args, 2, NULL);
-    Py_DECREF(start);
+    PyObject *result = call_at(scan_once, text, skip_ws(text, 0, n));
     if (result == NULL) {
         if (PyErr_ExceptionMatches(PyExc_StopIteration)) {
             PyObject *type, *value, *tb;
@@ -309,12 +316,7 @@ static PyObject *canonical_call(PyObject *block)
     if (n < head + 3 || PyUnicode_Tailmatch(block, s_canonical_head, 0, head, -1) != 1 ||
         PyUnicode_Tailmatch(block, s_canonical_tail, n - 2, n, 1) != 1)
         return NULL;
-    PyObject *start = PyLong_FromSsize_t(head);
-    if (start == NULL)
-        return NULL;
-    PyObject *args[2] = {block, start};
-    PyObject *scanned = PyObject_Vectorcall(scanstring, args, 2, NULL);
-    Py_DECREF(start);
+    PyObject *scanned = call_at(scanstring, block, head);
     if (scanned == NULL) {
         if (PyErr_ExceptionMatches(PyExc_ValueError))
             PyErr_Clear(); /* JSONDecodeError: the general path says what is wrong */

@@ -249,6 +249,14 @@ def _turns(draw: st.DrawFn) -> str:
     return "".join(parts) + draw(st.text(max_size=6))
 
 
+def _outcome(parse, text: str) -> object:
+    """What ``parse`` makes of ``text``: its call, or its ToolCallError's message."""
+    try:
+        return parse(text)
+    except ToolCallError as exc:
+        return ("error", str(exc))
+
+
 @settings(max_examples=600)  # microseconds each; the variants of a broken call are many
 @given(_turns())
 def test_the_c_parser_is_the_rule(text: str) -> None:
@@ -258,14 +266,7 @@ def test_the_c_parser_is_the_rule(text: str) -> None:
     from birdenv import tools
 
     assert tools._parse is speedups.parse_tool_call  # what parse_tool_call uses
-
-    def outcome(parse) -> object:
-        try:
-            return parse(text)
-        except ToolCallError as exc:
-            return ("error", str(exc))
-
-    assert outcome(speedups.parse_tool_call) == outcome(tools._parse_tool_call)
+    assert _outcome(speedups.parse_tool_call, text) == _outcome(tools._parse_tool_call, text)
 
 
 @settings(max_examples=400)
@@ -284,14 +285,7 @@ def test_the_c_parser_reads_calls_as_written_like_the_rule(
 
     body = json.dumps({"name": "execute_sql", "arguments": {"sql": sql}}, ensure_ascii=ascii_only)
     text = f"<tool_call>{body}{tail}</tool_call>"
-
-    def outcome(parse) -> object:
-        try:
-            return parse(text)
-        except ToolCallError as exc:
-            return ("error", str(exc))
-
-    assert outcome(speedups.parse_tool_call) == outcome(tools._parse_tool_call)
+    assert _outcome(speedups.parse_tool_call, text) == _outcome(tools._parse_tool_call, text)
     if not tail:
         assert speedups.parse_tool_call(text).arguments == {"sql": sql}
 
