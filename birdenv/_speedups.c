@@ -207,11 +207,11 @@ static PyObject *configure(PyObject *module, PyObject *args)
 static PyObject *make_call(PyObject *name, PyObject *arguments)
 {
     PyTypeObject *type = (PyTypeObject *)ToolCall;
-    PyObject *none = PyTuple_New(0);
-    if (none == NULL)
+    PyObject *empty = PyTuple_New(0);
+    if (empty == NULL)
         return NULL;
-    PyObject *call = type->tp_new(type, none, NULL);
-    Py_DECREF(none);
+    PyObject *call = type->tp_new(type, empty, NULL);
+    Py_DECREF(empty);
     if (call != NULL && (PyObject_GenericSetAttr(call, s_name, name) < 0 ||
                          PyObject_GenericSetAttr(call, s_arguments, arguments) < 0))
         Py_CLEAR(call);
@@ -250,7 +250,6 @@ static void json_error(PyObject *msg, PyObject *text, Py_ssize_t pos)
     }
 }
 
-/* json.loads(text) for a str, with json's own errors (JSONDecodeError, RecursionError). */
 /* func(text, at): how json's scanner and string decoder are called */
 static PyObject *call_at(PyObject *func, PyObject *text, Py_ssize_t at)
 {
@@ -263,6 +262,7 @@ static PyObject *call_at(PyObject *func, PyObject *text, Py_ssize_t at)
     return result;
 }
 
+/* json.loads(text) for a str, with json's own errors (JSONDecodeError, RecursionError). */
 static PyObject *json_value(PyObject *text)
 {
     Py_ssize_t n = PyUnicode_GET_LENGTH(text);
