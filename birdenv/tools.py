@@ -236,7 +236,7 @@ def _table(columns: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
 
 
 # The table and the parser in C (birdenv/_speedups.c): a step's formatting in a quarter of the
-# time, its parsing in a third; tests check that both give what the rules above give. Without a C
+# time, its parsing in an eighth; tests check that both give what the rules above give. Without a C
 # compiler at install time the rules run themselves (`birdenv doctor` says which).
 try:
     from birdenv import _speedups
