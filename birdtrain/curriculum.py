@@ -342,7 +342,7 @@ def _evaluate_on(
     mode: str,
 ) -> dict[str, Any]:
     from birdtrain.evaluate import evaluate_policy
-    from birdtrain.stages import sampling_dtype
+    from birdtrain.stages.common import sampling_dtype
 
     out_dir = run_dir / "eval" / folder
     summary_path = out_dir / "summary.json"

@@ -19,7 +19,7 @@ from birdenv.errors import GPUSetupError
 from birdtrain.cli import main
 from birdtrain.config import load_config
 from birdtrain.plan import GB, KNOWN_MODELS, model_shape, plan, training_memory
-from birdtrain.stages import training_precision
+from birdtrain.stages.common import training_precision
 
 QWEN_7B = "Qwen/Qwen2.5-Coder-7B-Instruct"
 
@@ -236,7 +236,8 @@ def test_no_stage_trains_in_pure_half_precision(
 ) -> None:
     import torch
 
-    from birdtrain.stages import grpo, load_for_training
+    from birdtrain.stages import grpo
+    from birdtrain.stages.common import load_for_training
 
     cfg = load_config(
         "smoke", overrides=[f"model.dtype={dtype}", f"model.lora={str(lora).lower()}"]
@@ -260,7 +261,7 @@ def test_auto_is_float16_on_a_gpu_without_bfloat16() -> None:
 def test_several_gpus_are_refused_with_the_fix(one_gpu: Any, tiny: str) -> None:
     import torch
 
-    from birdtrain.stages import load_for_training
+    from birdtrain.stages.common import load_for_training
 
     one_gpu.setattr(torch.cuda, "device_count", lambda: 2)
     cfg = load_config("smoke")
@@ -293,7 +294,7 @@ def test_a_stage_warns_when_the_importance_sampling_mask_drops_rollouts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Records as TRL logs them with vLLM generating: a ratio minimum of 0 is a masked rollout."""
-    from birdtrain.stages import IS_RATIO_MIN, masked_steps
+    from birdtrain.stages.common import IS_RATIO_MIN, masked_steps
 
     cfg = load_config("paper-7b")
     records = [

@@ -42,7 +42,7 @@ def estimate_pass_rates(
     per task, its files under ``run_dir/difficulty/<stage>/``) and writes it.
     """
     from birdtrain.evaluate import evaluate_policy, read_verdicts
-    from birdtrain.stages import sampling_dtype
+    from birdtrain.stages.common import sampling_dtype
 
     s = getattr(cfg, stage)
     mode = "single" if stage == "stage3" else "agent"

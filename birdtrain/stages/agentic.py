@@ -41,7 +41,7 @@ from typing import Any
 from birdenv.tasks import Task, load_tasks
 from birdtrain import rollout
 from birdtrain.sampling import Group, dynamic_sample, record_groups
-from birdtrain.stages import (
+from birdtrain.stages.common import (
     Precision,
     check_batches,
     finish_stage,

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from birdtrain.sampling import Group, dynamic_sample, record_groups
-from birdtrain.stages import (
+from birdtrain.stages.common import (
     Precision,
     finish_stage,
     grpo_arguments,
@@ -224,7 +224,7 @@ def build_trainer(
     """The configured ``GRPOTrainer`` (what :func:`run` trains)."""
     from trl import GRPOConfig
 
-    from birdtrain.stages import check_batches, silence_trl_experimental
+    from birdtrain.stages.common import check_batches, silence_trl_experimental
     from birdtrain.stages.shared_prompt import grpo_trainer_class
 
     silence_trl_experimental()

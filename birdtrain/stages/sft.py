@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from birdtrain.stages import (
+from birdtrain.stages.common import (
     Precision,
     common_arguments,
     finish_stage,
