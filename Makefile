@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-all lint bench install clean
+.PHONY: demo test test-all lint bench docs install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope
 
 test-all: $(STAMP)
@@ -38,6 +39,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pytest benchmarks -q -m "" --benchmark-only
+
+# The documentation site, served with live reload at http://127.0.0.1:8000.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 clean:
 	rm -rf $(VENV) build *.egg-info birdenv/replicas/*.so

@@ -1,0 +1,60 @@
+"""Griffe extension: the project's plain-text docstrings, read as Markdown by the API reference.
+
+The docstrings are written for ``help()`` and doctest, not for Markdown: doctest examples become
+``pycon`` code blocks, and square brackets in prose (``[--jobs N]``, ``[0, 1]``) are escaped so that
+Markdown does not read ``[a][b]`` as a reference link.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import griffe
+
+_CODE_SPAN = re.compile(r"(`+[^`]*`+)")
+
+
+def _escape(line: str) -> str:
+    if line.startswith("    "):  # an indented literal block: shown as written
+        return line
+    parts = _CODE_SPAN.split(line)
+    return "".join(p if p.startswith("`") else p.replace("[", "\\[") for p in parts)
+
+
+def markdown_docstring(text: str) -> str:
+    """Fence doctest blocks and escape brackets in the rest of a docstring.
+
+    >>> print(markdown_docstring("Bounds [0, 1].\\n\\n>>> f([1])\\n[2]"))
+    Bounds \\[0, 1].
+    <BLANKLINE>
+    ```pycon
+    >>> f([1])
+    [2]
+    ```
+    """
+    lines = text.splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        stripped = lines[i].lstrip()
+        if stripped.startswith(">>>"):
+            indent = len(lines[i]) - len(stripped)
+            out.append("```pycon")
+            while i < len(lines) and lines[i].strip():
+                out.append(lines[i][indent:])
+                i += 1
+            out.append("```")
+            continue
+        out.append(_escape(lines[i]))
+        i += 1
+    return "\n".join(out)
+
+
+class MarkdownDocstrings(griffe.Extension):
+    """Rewrite every docstring once the object tree is built."""
+
+    def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
+        """Convert ``obj``'s docstring in place."""
+        if obj.docstring is not None:
+            obj.docstring.value = markdown_docstring(obj.docstring.value)
