@@ -103,7 +103,7 @@ def _cmd_difficulty(args: argparse.Namespace) -> int:
 
 def _cmd_mixture(args: argparse.Namespace) -> int:
     from birdtrain.curriculum import prepare_run
-    from birdtrain.data.mixture import choose_mixture
+    from birdtrain.curriculum.mixture import choose_mixture
 
     cfg = _config_from(args)
     run_dir = prepare_run(cfg, mixture=False)

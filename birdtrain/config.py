@@ -126,7 +126,7 @@ class DataConfig:
         metadata={
             "help": "task sources and their weights for every stage, e.g. {gym-mini: 0.7, bird-mini-train: "
             "0.3} or 'gym-mini:0.7,bird-mini-train:0.3' (suite names or files, debugging tasks or BIRD "
-            "questions); 'auto': estimated over mixture_sources (birdtrain.data.mixture."
+            "questions); 'auto': estimated over mixture_sources (birdtrain.curriculum.mixture."
             "choose_mixture, written to RUN_DIR/mixture.json); None: train_suite alone"
         },
     )

@@ -19,7 +19,7 @@ from birdenv.errors import GPUSetupError
 from birdtrain.cli import main
 from birdtrain.config import load_config
 from birdtrain.plan import GB, KNOWN_MODELS, model_shape, plan, training_memory
-from birdtrain.stages.common import training_precision
+from birdtrain.stages.common import checkpointing_keyword, training_precision
 
 QWEN_7B = "Qwen/Qwen2.5-Coder-7B-Instruct"
 
@@ -173,7 +173,7 @@ def test_paper_7b_trl_configs(stage: str, tmp_path: Path) -> None:
     cfg = load_config("paper-7b", overrides=[f"output_dir={tmp_path}"])
     settings = next(p.settings for p in plan(cfg) if p.stage == stage)
     assert settings["bf16"] is True and settings["fp16"] is False
-    assert settings["activation_checkpointing"] is True and "use_cpu" not in settings
+    assert settings[checkpointing_keyword()] is True and "use_cpu" not in settings
     config_class = SFTConfig if stage in ("stage1", "stage2") else GRPOConfig
     args = config_class(**{**settings, "bf16": False, "use_cpu": True})
     if stage == "stage3":
@@ -319,7 +319,7 @@ def test_evaluation_with_transformers_puts_the_model_on_cuda(one_gpu: Any, tiny:
 
 
 def test_mixture_scoring_puts_the_model_on_cuda(one_gpu: Any, tiny: str, tmp_path: Path) -> None:
-    from birdtrain.data.mixture import choose_mixture
+    from birdtrain.curriculum.mixture import choose_mixture
 
     cfg = load_config(
         "smoke",
@@ -409,7 +409,7 @@ def test_an_error_that_does_not_pickle_still_arrives_as_text(tmp_path: Path) -> 
     """MissingExtraError's constructor takes other arguments than its message: unpickling it
     would fail, so its text crosses the process boundary instead."""
     from birdenv.errors import MissingExtraError
-    from birdtrain.curriculum import _isolated
+    from birdtrain.curriculum.run import _isolated
 
     cfg = load_config("smoke", overrides=["isolate=true"])
     with pytest.raises(

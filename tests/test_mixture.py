@@ -20,25 +20,21 @@ from birdenv.tasks import Task, load_tasks
 from birdenv.tools import format_tool_call
 from birdenv.vector import MixedTaskEnv, make_vec
 from birdtrain.config import load_config
+from birdtrain.curriculum.mixture import candidate_weights, resolve_mixture
 from birdtrain.data import load_train_tasks
 from birdtrain.data.bird import bird_reference_turns, wrong_column_sql
-from birdtrain.data.mixture import (
-    apportion,
-    candidate_weights,
-    mix_tasks,
-    parse_mixture,
-    resolve_mixture,
-)
+from birdtrain.data.mixture import apportion, mix_tasks, parse_mixture
 from birdtrain.trajectory_store import TrajectoryStore
 
 MIX = {"gym-mini": 0.7, "bird-mini-train": 0.3}
 
 
 def test_doctests_of_the_mixture_modules() -> None:
+    import birdtrain.curriculum.mixture
     import birdtrain.data.mixture
     import birdtrain.rewards
 
-    for module in (birdtrain.data.mixture, birdtrain.rewards):
+    for module in (birdtrain.data.mixture, birdtrain.curriculum.mixture, birdtrain.rewards):
         failed, attempted = doctest.testmod(module)
         assert attempted > 0 and failed == 0, module.__name__
 

@@ -38,7 +38,7 @@ def load_train_tasks(cfg: Any) -> list:
     (:func:`birdtrain.data.mixture.mix_tasks`, seed ``cfg.seed``), ``max_train_tasks`` of them
     (default: as many as repeat no task). Without: ``train_suite`` (with ``db_dir``), its first
     ``max_train_tasks``. ``mixture: auto`` must be resolved first
-    (:func:`birdtrain.data.mixture.resolve_mixture`).
+    (:func:`birdtrain.curriculum.mixture.resolve_mixture`).
     """
     from birdenv.tasks import load_tasks
     from birdtrain.data.mixture import load_sources, mix_tasks
@@ -47,7 +47,7 @@ def load_train_tasks(cfg: Any) -> list:
     if mixture == "auto":
         raise ValueError(
             "data.mixture is 'auto': estimate the weights first (birdtrain mixture, or "
-            "birdtrain.data.mixture.resolve_mixture(cfg, run_dir))"
+            "birdtrain.curriculum.mixture.resolve_mixture(cfg, run_dir))"
         )
     if mixture:
         sources = load_sources(list(mixture), cfg.data.db_dir)

@@ -141,7 +141,7 @@ def select_tasks(
     >>> select_tasks(record, [T(i) for i in "abcd"], stage="stage3", per_step=4)
     Traceback (most recent call last):
     ...
-    birdtrain.data.difficulty.DifficultyError: stage3: 2 of 4 training tasks have 0 < p < 1 at 4 samples (p = 0: 1, p = 1: 1), fewer than one step's 4; lower the batch, raise stage3.difficulty_samples, train the earlier stages longer, or set stage3.difficulty_filter=false
+    birdtrain.curriculum.difficulty.DifficultyError: stage3: 2 of 4 training tasks have 0 < p < 1 at 4 samples (p = 0: 1, p = 1: 1), fewer than one step's 4; lower the batch, raise stage3.difficulty_samples, train the earlier stages longer, or set stage3.difficulty_filter=false
     """
     rates = {t: v["p"] for t, v in record["tasks"].items()}
     kept = [t for t in tasks if 0.0 < rates.get(t.instance_id, 0.0) < 1.0]

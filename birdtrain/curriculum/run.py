@@ -117,7 +117,7 @@ def _is_bird_source(name: str) -> bool:
 def _resolve_mixture(cfg: Any, run_dir: Path) -> None:
     """``data.mixture: auto`` becomes the weights of the run's ``mixture.json`` (estimated once)."""
     if cfg.data.mixture == "auto":
-        from birdtrain.data.mixture import resolve_mixture
+        from birdtrain.curriculum.mixture import resolve_mixture
 
         if (run_dir / "mixture.json").is_file():
             weights = resolve_mixture(cfg, run_dir)
@@ -237,7 +237,7 @@ def run_stage(cfg: Any, stage: str, model_path: str, run_dir: Path) -> str:
             cfg, model_path=model_path, out_dir=out_dir, examples=examples, stage=int(stage[-1])
         )
     else:
-        from birdtrain.data.difficulty import filter_tasks
+        from birdtrain.curriculum.difficulty import filter_tasks
         from birdtrain.stages import agentic, grpo
 
         tasks = _rl_tasks(cfg, stage)
@@ -269,7 +269,7 @@ def estimate_difficulty(
     """Each training task's pass rate for ``stage`` under ``model_path`` (default: the checkpoint
     the stage starts from), reused from ``RUN_DIR/difficulty/<stage>.json`` when it was measured
     for that policy; returns the record and the tasks with 0 < p < 1."""
-    from birdtrain.data.difficulty import estimate_pass_rates
+    from birdtrain.curriculum.difficulty import estimate_pass_rates
 
     run_dir = prepare_run(cfg)
     model_path = model_path or start_checkpoint(cfg, run_dir, stage)
