@@ -36,7 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from birdtrain.config import STAGES
-from birdtrain.stages.common import Precision, dtype_bytes, training_precision
+from birdtrain.stages.common import (
+    Precision,
+    checkpointing_keyword,
+    dtype_bytes,
+    training_precision,
+)
 
 __all__ = ["KNOWN_MODELS", "ModelShape", "StagePlan", "format_plan", "model_shape", "plan"]
 
@@ -272,7 +277,7 @@ def _grpo_plan(
         sequences=settings["per_device_train_batch_size"],
         seq_len=seq_len,
         tokens=tokens,
-        checkpointing=settings["activation_checkpointing"],
+        checkpointing=settings[checkpointing_keyword()],
         reference=s.beta != 0 and not shape.lora,
         vllm_gb=share,
         sleep=colocate and s.vllm_enable_sleep_mode,
@@ -313,7 +318,7 @@ def plan(cfg: Any, *, gpu_gb: float = 80.0, bf16_supported: bool = True) -> list
                 compute_bytes=compute,
                 sequences=s.per_device_batch_size,
                 seq_len=s.max_length,
-                checkpointing=settings["activation_checkpointing"],
+                checkpointing=settings[checkpointing_keyword()],
             )
             plans.append(StagePlan(stage, settings, rows, peak, gpu_gb))
         else:
@@ -323,7 +328,7 @@ def plan(cfg: Any, *, gpu_gb: float = 80.0, bf16_supported: bool = True) -> list
                 sequences = s.prompts_per_step * s.num_generations
                 seq_len = s.max_prompt_length + s.max_completion_length
                 micro = settings["per_device_train_batch_size"]
-                if s.share_prompt and not settings["activation_checkpointing"]:
+                if s.share_prompt and not settings[checkpointing_keyword()]:
                     # Each distinct prompt of a micro-batch runs once (stages.shared_prompt).
                     tokens = (
                         min(micro, s.prompts_per_step) * s.max_prompt_length

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ __all__ = [
     "check_batches",
     "check_single_gpu",
     "checkpointing",
+    "checkpointing_keyword",
     "common_arguments",
     "dtype_bytes",
     "finish_stage",
@@ -255,13 +257,28 @@ def common_arguments(cfg: Any, stage: Any) -> dict[str, Any]:
     }
 
 
+@functools.cache
+def checkpointing_keyword() -> str:
+    """``TrainingArguments``' name for gradient checkpointing in the installed transformers:
+    ``activation_checkpointing`` from 5.24 on (where the old name is a deprecated alias that
+    warns), ``gradient_checkpointing`` before (5.17, the release vLLM 0.31 caps a GPU install
+    at, has no other)."""
+    from transformers import TrainingArguments
+
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return (
+        "activation_checkpointing"
+        if "activation_checkpointing" in fields
+        else "gradient_checkpointing"
+    )
+
+
 def trainer_device_args(precision: Precision, model: Any) -> dict[str, Any]:
     """``TrainingArguments`` keywords for ``precision`` and the ``model`` settings
     (:class:`~birdtrain.config.ModelConfig`): CPU without CUDA, autocast where ``precision``
     computes in half precision, and ``model.gradient_checkpointing``."""
-    # TRL turns checkpointing on by default; pass it either way, by its current keyword (TRL's
-    # configs set the deprecated ``gradient_checkpointing`` alias, which warns when it is used).
-    args: dict[str, Any] = {"activation_checkpointing": model.gradient_checkpointing}
+    # TRL turns checkpointing on by default; pass it either way, by the installed release's name.
+    args: dict[str, Any] = {checkpointing_keyword(): model.gradient_checkpointing}
     if not precision.cuda:
         # CPU autocast is bfloat16 only (float16 on a CPU stores a LoRA base, nothing more).
         return {**args, "use_cpu": True, "bf16": precision.compute == "bfloat16", "fp16": False}
