@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     the traceback instead, and the libraries' own progress bars and logs.
     """
     from birdenv.errors import BirdEnvError
-    from birdtrain.data.teacher import TeacherError
+    from birdtrain.endpoint import TeacherError
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     args = _build_parser().parse_args(argv)

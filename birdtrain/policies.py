@@ -441,7 +441,7 @@ class EndpointPolicy:
     PREFIX = "endpoint:"
 
     def __init__(self, url: str, model: str, *, api_key: str | None = None) -> None:
-        from birdtrain.data.teacher import Teacher
+        from birdtrain.endpoint import Teacher
 
         self.client = Teacher(url, model, api_key=api_key)
         self.name = model

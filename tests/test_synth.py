@@ -33,8 +33,8 @@ from birdtrain.data.bird import (
 )
 from birdtrain.data.evidence import describe_changes
 from birdtrain.data.reasoning import build_reasoning_examples
-from birdtrain.data.teacher import Teacher, TeacherError, openai_messages
 from birdtrain.data.tool_use import build_tool_trajectories
+from birdtrain.endpoint import Teacher, TeacherError, openai_messages
 from birdtrain.prompts import parse_solution, single_turn_prompt
 from birdtrain.rewards import score_submission
 

@@ -2,7 +2,7 @@
 
 - :func:`~birdtrain.data.reasoning.build_reasoning_examples`: stage-1 single-turn examples;
 - :func:`~birdtrain.data.tool_use.build_tool_trajectories`: stage-2 tool-use trajectories;
-- :class:`~birdtrain.data.teacher.Teacher`: an optional OpenAI-compatible endpoint for both;
+- :class:`~birdtrain.endpoint.Teacher`: an optional OpenAI-compatible endpoint for both;
 - :mod:`~birdtrain.data.bird`: the same two forms for BIRD text-to-SQL questions;
 - :mod:`~birdtrain.data.mixture`: mixtures of task sources by weight (``data.mixture``);
 - :func:`synth`: both datasets for a curriculum configuration, as JSONL files.
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from birdtrain.data.reasoning import build_reasoning_examples
-from birdtrain.data.teacher import Teacher, TeacherError
 from birdtrain.data.tool_use import build_tool_trajectories
+from birdtrain.endpoint import Teacher, TeacherError
 
 __all__ = [
     "Teacher",

@@ -34,13 +34,13 @@ from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.tools import TOOL_SCHEMAS, format_tool_call
 from birdtrain.data.evidence import StatementRun, _parse, run_statements, summarize_run
 from birdtrain.data.evidence import tables_touched as _tables_touched
-from birdtrain.data.teacher import Teacher
 from birdtrain.data.tool_use import (
     PlannedExpert,
     _table_of,
     play_episode,
     summarize_observation,
 )
+from birdtrain.endpoint import Teacher
 
 __all__ = [
     "BIRD_TEACHER_AGENT_PROMPT",

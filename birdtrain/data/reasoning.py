@@ -10,7 +10,7 @@ The thought is written from real evidence gathered on the task's database
 (:mod:`birdtrain.data.evidence`): what the problematic SQL actually does there (its error, its
 first rows or the rows it changes), which parts of its syntax tree the fix changes, and what the
 fixed SQL returns. Offline, a fixed narrative turns that evidence into a diagnosis told as a
-discovery; with a :class:`~birdtrain.data.teacher.Teacher`, the teacher gets the task, the fix and
+discovery; with a :class:`~birdtrain.endpoint.Teacher`, the teacher gets the task, the fix and
 the same evidence and writes the thought. Only examples whose parsed solution the judge accepts
 are kept.
 """
@@ -27,7 +27,7 @@ from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.schema import PromptOptions
 from birdenv.tasks import Task
 from birdtrain.data.evidence import Evidence, gather_evidence, summarize_run
-from birdtrain.data.teacher import Teacher
+from birdtrain.endpoint import Teacher
 from birdtrain.prompts import format_answer, parse_solution, single_turn_prompt
 
 __all__ = [

@@ -30,7 +30,7 @@ from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.tasks import Task
 from birdenv.tools import TOOL_SCHEMAS, format_tool_call
 from birdtrain.data.evidence import Evidence, gather_evidence, summarize_run
-from birdtrain.data.teacher import Teacher
+from birdtrain.endpoint import Teacher
 
 __all__ = [
     "TEACHER_AGENT_PROMPT",

@@ -1,9 +1,11 @@
-"""A teacher: any OpenAI-compatible chat endpoint (vLLM, ``transformers serve``, a hosted API).
+"""The client of any OpenAI-compatible chat endpoint (vLLM, ``transformers serve``, a hosted API).
 
-Only the standard library talks to it (``urllib``), so synthesizing data adds no dependency. The
-environment and the training data know tool calls only as ``<tool_call>{json}</tool_call>`` text:
-a conversation goes out in OpenAI's tool-calling form (:func:`openai_messages`), and a reply's
-structured ``tool_calls`` are written back as text with :func:`birdenv.tools.format_tool_call`.
+Two roles use it: the teacher that writes synthetic data (:mod:`birdtrain.data`) and the agent an
+evaluation plays (:class:`birdtrain.policies.EndpointPolicy`). Only the standard library talks to
+it (``urllib``), so it adds no dependency. The environment and the training data know tool calls
+only as ``<tool_call>{json}</tool_call>`` text: a conversation goes out in OpenAI's tool-calling
+form (:func:`openai_messages`), and a reply's structured ``tool_calls`` are written back as text
+with :func:`birdenv.tools.format_tool_call`.
 """
 
 from __future__ import annotations
