@@ -112,3 +112,14 @@ class ProcessDiedError(BirdEnvError, RuntimeError):
 class OutputWriteError(BirdEnvError, OSError):
     """A file of results could not be written (a full disk, no permission); the message names the
     file, and what was written before it is kept."""
+
+
+class DirectoryBusyError(BirdEnvError, RuntimeError):
+    """Another live process writes the run or output directory; the message names it (PID,
+    command, since when)."""
+
+
+class DamagedFileError(BirdEnvError, RuntimeError):
+    """A file a run wrote and now needs (a checkpoint's weights, synthesized data, a part of the
+    trajectory store) is missing or differs from what its manifest recorded; the message names the
+    file and how to make it again."""

@@ -1,0 +1,280 @@
+"""What makes a run directory trustworthy: one writer, an honest record, verified files, and
+interrupts that say what they kept.
+
+- **One writer.** :func:`hold` takes the directory's OS lock (:func:`birdenv.files.directory_lock`)
+  for a command's whole life; a second writer fails at once naming the holder.
+- **An honest record.** :func:`settings_differ` is the one rule by which a resumed piece of work
+  (a stage, an evaluation) refuses other settings than those it was begun with, naming each
+  changed key with both values. :data:`NO_EFFECT` lists the keys that cannot change a result.
+  :func:`first_changed` says which stage a changed key touches first.
+- **Verified files.** :func:`commit_folder` renames a finished folder into place with a
+  ``MANIFEST.json`` of its files' sizes and SHA-256; :func:`verify_folder` checks it (sizes
+  always, hashes the first time in a process) and names a damaged or missing file and its fix.
+- **Interrupts.** :func:`raise_on_sigterm` turns SIGTERM into :class:`Terminated` (a
+  ``KeyboardInterrupt``), so both signals unwind through every ``with`` and ``finally`` that ends
+  a worker; :func:`working_on` names what is being done for :func:`interrupted_message`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from birdenv.errors import DamagedFileError
+from birdenv.files import describe_holder, directory_lock, file_sha256
+
+__all__ = [
+    "MANIFEST",
+    "NO_EFFECT",
+    "Terminated",
+    "commit_folder",
+    "completed_work",
+    "first_changed",
+    "flatten",
+    "folder_hash",
+    "hold",
+    "interrupted_message",
+    "interrupted_status",
+    "raise_on_sigterm",
+    "settings_differ",
+    "verify_folder",
+    "working_on",
+    "write_once",
+]
+
+#: The file in a committed folder that lists its other files' sizes and SHA-256.
+MANIFEST = "MANIFEST.json"
+
+#: Configuration keys that cannot change what a stage or an evaluation produces: where the run is
+#: written, how processes are arranged, which evaluations run, how many episodes run at once, the
+#: intermediate checkpoints kept, the name of the variable holding the teacher's key.
+NO_EFFECT = frozenset(
+    {
+        "name",
+        "output_dir",
+        "report_to",
+        "isolate",
+        "eval.enabled",
+        "eval.before",
+        "eval.after",
+        "eval.num_envs",
+        "eval.gpu_memory_utilization",
+        "data.teacher_api_key_env",
+        "stage1.save_steps",
+        "stage2.save_steps",
+        "stage3.save_steps",
+        "stage4.save_steps",
+    }
+)
+
+
+# --- one writer ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def hold(directory: str | os.PathLike[str], command: str | None = None) -> Iterator[Path]:
+    """Hold ``directory`` as its one writer for the ``with`` block (see
+    :func:`birdenv.files.directory_lock`); say so when a dead holder's lock is taken over."""
+    with directory_lock(directory, command) as lock:
+        if lock.took_over:
+            print(
+                f"[lock] {lock.directory}: taking over from {describe_holder(lock.took_over)}, "
+                "which ended without letting go; its finished work is kept, the rest is redone"
+            )
+        yield lock.directory
+
+
+# --- an honest record ---------------------------------------------------------------------------
+
+
+def flatten(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"stage3": {"beta": 0.1}}`` → ``{"stage3.beta": 0.1}`` (lists and scalars are leaves)."""
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def settings_differ(
+    recorded: dict[str, Any], current: dict[str, Any], *, ignore: frozenset[str] = frozenset()
+) -> list[str]:
+    """Each key whose value differs, as ``"key: <recorded> there, <current> here"``, sorted.
+
+    Nested settings are compared key by key (dotted names). A key the record lacks was added after
+    it was written and is not compared; keys in ``ignore`` cannot change a result. Values are
+    compared as JSON would store them (a tuple equals a list).
+    """
+    old = flatten(json.loads(json.dumps(recorded, default=str)))
+    new = flatten(json.loads(json.dumps(current, default=str)))
+    return [
+        f"{key}: {old[key]!r} there, {new.get(key)!r} here"
+        for key in sorted(old)
+        if key not in ignore and key in new and old[key] != new[key]
+    ]
+
+
+def first_changed(differ: list[str], stages: tuple[str, ...]) -> str:
+    """The first part of the run a list of :func:`settings_differ` lines touches: a stage's own
+    keys touch that stage; ``eval.*`` touches only the evaluations (``"eval"``); every other key
+    (seed, model, prompt, data) touches the first stage."""
+    touched = set()
+    for line in differ:
+        section = line.split(".", 1)[0].split(":", 1)[0]
+        touched.add(section if section in stages or section == "eval" else stages[0])
+    for stage in stages:
+        if stage in touched:
+            return stage
+    return "eval"
+
+
+def write_once(path: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` as JSON at ``path`` whole (renamed into place), unless ``path`` exists:
+    a record, once written, is never overwritten."""
+    if path.exists():
+        return
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text(json.dumps(record, indent=2, default=str))
+    os.replace(staging, path)
+
+
+# --- verified files -----------------------------------------------------------------------------
+
+#: Folders whose files' hashes this process has checked: (real path, manifest's mtime).
+_HASHED: set[tuple[str, int]] = set()
+
+
+def _manifest_of(folder: Path) -> dict[str, dict[str, Any]]:
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    return {
+        str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": file_sha256(p)}
+        for p in files
+    }
+
+
+def commit_folder(staging: Path, final: Path) -> Path:
+    """Write ``staging``'s manifest into it and rename it to ``final`` (replacing what an
+    interrupted earlier attempt left there): ``final`` is whole or absent, never half written."""
+    manifest = _manifest_of(staging)
+    (staging / MANIFEST).write_text(json.dumps({"files": manifest}, indent=2, sort_keys=True))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    with contextlib.suppress(OSError):  # the rename reaches the disk before a record names it
+        fd = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    _HASHED.add((str(final.resolve()), (final / MANIFEST).stat().st_mtime_ns))
+    return final
+
+
+def folder_hash(folder: Path) -> str:
+    """The content hash of a committed folder: the SHA-256 of its manifest."""
+    return hashlib.sha256((folder / MANIFEST).read_bytes()).hexdigest()
+
+
+def verify_folder(folder: Path, *, fix: str) -> None:
+    """Check a committed folder against its manifest: every file there with its size, and, the
+    first time this process checks it, its SHA-256. A folder without a manifest (written before
+    manifests existed) is not checked.
+
+    Raises :class:`~birdenv.errors.DamagedFileError` naming the first missing or damaged file and
+    ``fix``, what makes it again.
+    """
+    manifest_path = folder / MANIFEST
+    if not folder.is_dir():
+        raise DamagedFileError(f"{folder} is missing; {fix}")
+    if not manifest_path.is_file():
+        return
+    try:
+        files = json.loads(manifest_path.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        raise DamagedFileError(f"{manifest_path} is damaged; {fix}") from None
+    key = (str(folder.resolve()), manifest_path.stat().st_mtime_ns)
+    hashed = key in _HASHED
+    for name, expected in files.items():
+        path = folder / name
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise DamagedFileError(f"{path} is missing; {fix}") from None
+        if size != expected["size"]:
+            raise DamagedFileError(
+                f"{path} is damaged ({size} bytes, {expected['size']} when written); {fix}"
+            )
+        if not hashed and file_sha256(path) != expected["sha256"]:
+            raise DamagedFileError(f"{path} is damaged (its content changed); {fix}")
+    _HASHED.add(key)
+
+
+# --- interrupts ---------------------------------------------------------------------------------
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program was, so that it unwinds like Ctrl-C does."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def raise_on_sigterm() -> None:
+    """From now on SIGTERM raises :class:`Terminated` in the main thread."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+#: What the run is doing now, innermost last: (directory, what).
+_DOING: list[tuple[Path, str]] = []
+
+
+@contextlib.contextmanager
+def working_on(directory: Path, what: str) -> Iterator[None]:
+    """Name the work under way in ``directory`` (``"stage3"``, ``"evaluation after_stage2"``) for
+    :func:`interrupted_message`."""
+    _DOING.append((Path(directory), what))
+    try:
+        yield
+    finally:
+        _DOING.pop()
+
+
+def interrupted_message(exc: KeyboardInterrupt, kept: str = "") -> str:
+    """One line for an interrupted command: the signal, the work it interrupted, what is kept and
+    that the same command resumes."""
+    name = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+    if not _DOING:
+        return f"interrupted by {name}"
+    directory, what = _DOING[-1]
+    kept = f"; kept: {kept}" if kept else ""
+    return (
+        f"interrupted by {name} during {what} in {directory}{kept}; run the same command to "
+        "resume from there"
+    )
+
+
+def interrupted_status(exc: KeyboardInterrupt) -> int:
+    """The exit status of a command ended by a signal: 128 + its number (130 SIGINT, 143 SIGTERM)."""
+    return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+
+
+def completed_work(run_dir: Path, stages: tuple[str, ...]) -> str:
+    """What a run directory holds finished: its complete stages and evaluations, in words."""
+    done = [s for s in stages if (run_dir / s / "DONE").is_file()]
+    evals = sorted(p.parent.name for p in (run_dir / "eval").glob("*/summary.json") if p.is_file())
+    parts = []
+    if done:
+        parts.append("stages " + ", ".join(done))
+    if evals:
+        parts.append("evaluations " + ", ".join(evals))
+    return " and ".join(parts) or "nothing finished yet"

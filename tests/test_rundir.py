@@ -1,0 +1,174 @@
+"""The run directory's mechanisms on their own: the one-writer lock, the settings rule, verified
+folders and the words of an interrupt."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from birdenv.errors import DamagedFileError, DirectoryBusyError
+from birdenv.files import LOCK_FILE, directory_lock
+from birdtrain.config import STAGES
+from birdtrain.rundir import (
+    MANIFEST,
+    NO_EFFECT,
+    Terminated,
+    commit_folder,
+    first_changed,
+    folder_hash,
+    hold,
+    interrupted_message,
+    interrupted_status,
+    settings_differ,
+    verify_folder,
+    working_on,
+)
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from birdenv.files import directory_lock
+    with directory_lock(sys.argv[1], "holder-command"):
+        print("held", flush=True)
+        time.sleep(60)
+    """
+)
+
+
+def _start_holder(directory: Path) -> subprocess.Popen:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(directory)], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_second_writer_is_refused_naming_the_holder(tmp_path: Path) -> None:
+    holder = _start_holder(tmp_path)
+    try:
+        with pytest.raises(DirectoryBusyError) as caught, directory_lock(tmp_path):
+            pass
+        message = str(caught.value)
+        assert f"pid {holder.pid} (holder-command) since " in message
+        assert str(tmp_path) in message and "\n" not in message
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_dead_holders_lock_is_taken_over_and_said(tmp_path: Path, capsys) -> None:
+    holder = _start_holder(tmp_path)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    with hold(tmp_path, "second") as held:
+        assert held == tmp_path
+        record = json.loads((tmp_path / LOCK_FILE).read_text())
+        assert record["pid"] == os.getpid() and record["command"] == "second"
+    out = capsys.readouterr().out
+    assert f"taking over from pid {holder.pid} (holder-command)" in out
+    # Released in order: the next holder has no one to take over from.
+    assert (tmp_path / LOCK_FILE).read_text() == ""
+    with hold(tmp_path):
+        pass
+    assert "taking over" not in capsys.readouterr().out
+
+
+def test_settings_differ_names_each_key_with_both_values() -> None:
+    recorded = {"seed": 0, "stage1": {"learning_rate": 1e-5, "save_steps": 0}, "eval": {"n": 1}}
+    current = {
+        "seed": 7,
+        "stage1": {"learning_rate": 0.5, "save_steps": 5},
+        "eval": {"n": 1},
+        "new": 1,
+    }
+    differ = settings_differ(recorded, current, ignore=NO_EFFECT)
+    assert differ == ["seed: 0 there, 7 here", "stage1.learning_rate: 1e-05 there, 0.5 here"]
+    assert settings_differ({"after": ("a",)}, {"after": ["a"]}) == []
+
+
+def test_first_changed_is_the_earliest_stage_a_key_touches() -> None:
+    line = "{}: 1 there, 2 here"
+    assert first_changed([line.format("stage3.beta"), line.format("stage4.beta")], STAGES) == (
+        "stage3"
+    )
+    assert first_changed([line.format("seed")], STAGES) == "stage1"
+    assert first_changed([line.format("data.max_train_tasks")], STAGES) == "stage1"
+    assert first_changed([line.format("eval.max_tasks")], STAGES) == "eval"
+
+
+def _committed(tmp_path: Path) -> Path:
+    staging = tmp_path / ".checkpoint.partial"
+    (staging / "sub").mkdir(parents=True)
+    (staging / "model.safetensors").write_bytes(b"w" * 1000)
+    (staging / "sub" / "config.json").write_text("{}")
+    final = commit_folder(staging, tmp_path / "checkpoint")
+    assert not staging.exists() and (final / MANIFEST).is_file()
+    return final
+
+
+def test_a_committed_folder_is_verified_by_size(tmp_path: Path) -> None:
+    final = _committed(tmp_path)
+    verify_folder(final, fix="retrain it")
+    before = folder_hash(final)
+    with (final / "model.safetensors").open("r+b") as fh:
+        fh.truncate(10)
+    with pytest.raises(DamagedFileError) as caught:
+        verify_folder(final, fix="retrain it with --from stage2")
+    assert str(caught.value) == (
+        f"{final / 'model.safetensors'} is damaged (10 bytes, 1000 when written); "
+        "retrain it with --from stage2"
+    )
+    (final / "model.safetensors").write_bytes(b"w" * 1000)
+    (final / "sub" / "config.json").unlink()
+    with pytest.raises(DamagedFileError, match=r"sub/config.json is missing; x"):
+        verify_folder(final, fix="x")
+    assert folder_hash(final) == before  # the manifest names what was written
+
+
+def test_a_changed_byte_is_found_on_first_use_in_a_process(tmp_path: Path) -> None:
+    final = _committed(tmp_path)
+    with (final / "model.safetensors").open("r+b") as fh:
+        fh.write(b"X")  # same size
+    check = (
+        "import sys; from pathlib import Path; from birdtrain.rundir import verify_folder; "
+        "verify_folder(Path(sys.argv[1]), fix='retrain')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", check, str(final)], capture_output=True, text=True
+    )
+    assert result.returncode != 0
+    assert "model.safetensors is damaged (its content changed); retrain" in result.stderr
+
+
+def test_an_interrupt_says_what_it_interrupted_and_how_to_resume(tmp_path: Path) -> None:
+    assert interrupted_status(KeyboardInterrupt()) == 130
+    assert interrupted_status(Terminated()) == 143
+    with working_on(tmp_path, "stage3"):
+        line = interrupted_message(Terminated(), kept="stages stage1, stage2")
+    assert line == (
+        f"interrupted by SIGTERM during stage3 in {tmp_path}; kept: stages stage1, stage2; run "
+        "the same command to resume from there"
+    )
+    assert interrupted_message(KeyboardInterrupt()) == "interrupted by SIGINT"
+
+
+def test_the_lock_is_released_when_its_holder_ends(tmp_path: Path) -> None:
+    holder = _start_holder(tmp_path)
+    holder.terminate()
+    holder.wait()
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            with directory_lock(tmp_path):
+                break
+        except DirectoryBusyError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
