@@ -217,9 +217,10 @@ def test_stage2_per_turn_examples_label_one_turn_in_its_stage4_context(
     turn from (``rollout.prompt_ids`` of the messages before it); the labelled part is that turn
     and its end-of-turn token, nothing else.
     """
-    from birdtrain.data.tool_use import build_tool_trajectories, turn_examples
+    from birdtrain.data.tool_use import build_tool_trajectories
     from birdtrain.rollout import prompt_ids
     from birdtrain.stages import sft
+    from birdtrain.stages.sft import turn_examples
 
     trajectories = build_tool_trajectories(shop[:2], max_turns=4, progress=False)
     assert len(trajectories) == 2

@@ -37,7 +37,6 @@ __all__ = [
     "OfflineExpert",
     "build_tool_trajectories",
     "summarize_observation",
-    "turn_examples",
 ]
 
 #: The system message put before the environment's messages when a teacher plays the episode.
@@ -347,47 +346,3 @@ def build_tool_trajectories(
     if stats is not None:
         stats.update(counts)
     return trajectories
-
-
-def turn_examples(trajectories: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One training example per assistant turn of each trajectory, in TRL's prompt-completion form.
-
-    Turn k of a trajectory becomes ``{"prompt": messages[:k], "completion": [messages[k]],
-    "tools", "task_id", "turn"}``: the conversation the policy had seen when it wrote that turn
-    (user prompt, earlier turns, their observations: the same message objects, so byte for byte
-    the environment's), and the turn itself, which alone carries the loss. Every turn is then
-    trained with its own full context, as in stage 4 where each turn is generated from the
-    conversation before it, and a short ``max_length`` cuts a late turn's context rather than
-    every turn after the cut. The first turns, the ones that open every episode, get as many
-    examples as the later ones.
-
-    >>> traj = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a1"},
-    ...     {"role": "tool", "content": "o1"}, {"role": "assistant", "content": "a2"}],
-    ...     "tools": [], "task_id": "t"}
-    >>> [(len(e["prompt"]), e["completion"][0]["content"], e["turn"]) for e in turn_examples([traj])]
-    [(1, 'a1', 0), (3, 'a2', 1)]
-    """
-    examples: list[dict[str, Any]] = []
-    for index, trajectory in enumerate(trajectories):
-        messages = trajectory.get("messages")
-        if not messages:
-            raise ValueError(f"trajectory {index} has no 'messages'")
-        turn = 0
-        for k, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            if k == 0:
-                raise ValueError(
-                    f"trajectory {index} opens with an assistant turn: nothing to condition it on"
-                )
-            examples.append(
-                {
-                    "prompt": list(messages[:k]),
-                    "completion": [message],
-                    "tools": trajectory.get("tools"),
-                    "task_id": trajectory.get("task_id"),
-                    "turn": turn,
-                }
-            )
-            turn += 1
-    return examples

@@ -7,7 +7,7 @@
 - **Stage 2, tool-use imitation.** Trajectories ``{"messages": [...], "tools": TOOL_SCHEMAS,
   "task_id"}`` where ``messages`` is exactly a BirdCriticEnv episode's ``info["messages"]``. With
   ``stage2.turns="each"`` (the default) every assistant turn becomes its own prompt-completion
-  example (:func:`birdtrain.data.tool_use.turn_examples`): the conversation before it is the
+  example (:func:`turn_examples`): the conversation before it is the
   prompt, the turn the completion and the only labelled tokens. This is what teaches a policy the
   call format quickly (each opening turn is an example of its own, not one span in a long chat)
   and what keeps a short ``max_length`` from cutting every turn after the limit.
@@ -45,6 +45,7 @@ __all__ = [
     "run",
     "targets_over_budget",
     "trainer_arguments",
+    "turn_examples",
 ]
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,50 @@ def _message(message: dict[str, Any]) -> dict[str, str]:
 
 def _tools_text(tools: Any) -> str:
     return tools if isinstance(tools, str) else json.dumps(tools)
+
+
+def turn_examples(trajectories: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One training example per assistant turn of each trajectory, in TRL's prompt-completion form.
+
+    Turn k of a trajectory becomes ``{"prompt": messages[:k], "completion": [messages[k]],
+    "tools", "task_id", "turn"}``: the conversation the policy had seen when it wrote that turn
+    (user prompt, earlier turns, their observations: the same message objects, so byte for byte
+    the environment's), and the turn itself, which alone carries the loss. Every turn is then
+    trained with its own full context, as in stage 4 where each turn is generated from the
+    conversation before it, and a short ``max_length`` cuts a late turn's context rather than
+    every turn after the cut. The first turns, the ones that open every episode, get as many
+    examples as the later ones.
+
+    >>> traj = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a1"},
+    ...     {"role": "tool", "content": "o1"}, {"role": "assistant", "content": "a2"}],
+    ...     "tools": [], "task_id": "t"}
+    >>> [(len(e["prompt"]), e["completion"][0]["content"], e["turn"]) for e in turn_examples([traj])]
+    [(1, 'a1', 0), (3, 'a2', 1)]
+    """
+    examples: list[dict[str, Any]] = []
+    for index, trajectory in enumerate(trajectories):
+        messages = trajectory.get("messages")
+        if not messages:
+            raise ValueError(f"trajectory {index} has no 'messages'")
+        turn = 0
+        for k, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            if k == 0:
+                raise ValueError(
+                    f"trajectory {index} opens with an assistant turn: nothing to condition it on"
+                )
+            examples.append(
+                {
+                    "prompt": list(messages[:k]),
+                    "completion": [message],
+                    "tools": trajectory.get("tools"),
+                    "task_id": trajectory.get("task_id"),
+                    "turn": turn,
+                }
+            )
+            turn += 1
+    return examples
 
 
 def build_dataset(
@@ -95,8 +140,6 @@ def build_dataset(
                 f"{sorted(rows[missing[0]])}"
             )
         if turns in ("each", "first"):
-            from birdtrain.data.tool_use import turn_examples
-
             return Dataset.from_list(
                 [
                     {
