@@ -8,6 +8,7 @@ replaces it with one table per section at build time, so the help is written onc
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from typing import Any
 
@@ -48,7 +49,8 @@ def render() -> str:
         value = getattr(config, field.name)
         if not dataclasses.is_dataclass(value):
             continue
-        doc = (type(value).__doc__ or "").strip().splitlines()[0]
+        # The class docstring's first paragraph introduces the section.
+        doc = " ".join(inspect.cleandoc(type(value).__doc__ or "").split("\n\n")[0].split())
         lines += [f"## `{field.name}`", "", doc, "", *_table(value, f"{field.name}."), ""]
     return "\n".join(lines)
 

@@ -23,15 +23,10 @@ def _escape(line: str) -> str:
 
 
 def markdown_docstring(text: str) -> str:
-    """Fence doctest blocks and escape brackets in the rest of a docstring.
+    r"""Fence doctest blocks and escape brackets in the rest of a docstring.
 
-    >>> print(markdown_docstring("Bounds [0, 1].\\n\\n>>> f([1])\\n[2]"))
-    Bounds \\[0, 1].
-    <BLANKLINE>
-    ```pycon
-    >>> f([1])
-    [2]
-    ```
+    >>> markdown_docstring("Bounds [0, 1]:\n>>> f([1])\n[2]").splitlines()
+    ['Bounds \\[0, 1]:', '```pycon', '>>> f([1])', '[2]', '```']
     """
     lines = text.splitlines()
     out: list[str] = []
