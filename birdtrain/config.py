@@ -1,8 +1,9 @@
 """Configuration of a curriculum run: one dataclass per stage, presets, YAML, flag overrides.
 
 A run is described by :class:`CurriculumConfig`. It comes from a preset (``smoke``, ``smollm``,
-``paper-7b``), a YAML file (``--config``), or both, and ``key=value`` overrides with dotted names
-(``stage3.learning_rate=1e-6``). Unknown keys are errors that list the valid ones.
+``smollm-learn``, ``paper-7b``: YAML files in ``birdtrain/presets/``), a YAML file (``--config``),
+or both, and ``key=value`` overrides with dotted names (``stage3.learning_rate=1e-6``). Unknown
+keys are errors that list the valid ones.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from birdtrain import require
+
 __all__ = [
     "PRESETS",
+    "PRESET_DIR",
     "STAGES",
     "AgenticConfig",
     "CurriculumConfig",
@@ -530,271 +534,13 @@ class CurriculumConfig:
         return dataclasses.asdict(self)
 
 
-#: Named configurations; ``paper-7b`` carries the paper's hyper-parameters.
-PRESETS: dict[str, dict[str, Any]] = {
-    "smoke": {
-        "name": "smoke",
-        "model": {"name_or_path": "tiny", "lora": False, "dtype": "float32"},
-        "data": {"max_train_tasks": 4},
-        # Adam moves every weight by about the learning rate each step, whatever the gradient:
-        # at 1e-3 four stage-1 steps shift the tiny model (weights ~0.02) so far that stage 2 no
-        # longer teaches it the call format.
-        "stage1": {
-            "epochs": 1,
-            "max_steps": 4,
-            "learning_rate": 1e-5,
-            "batch_size": 2,
-            "per_device_batch_size": 2,
-            "max_length": 4096,
-        },
-        # The opening turns only: a 2-layer model given every turn learns none of them in a few
-        # dozen steps (it blends them), given the openings it learns the call format in 20.
-        "stage2": {
-            "epochs": 1,
-            "max_steps": 20,
-            "learning_rate": 3e-3,
-            "batch_size": 2,
-            "per_device_batch_size": 2,
-            "max_length": 4096,
-            "warmup_ratio": 0.0,
-            "turns": "first",
-        },
-        "stage3": {
-            "max_steps": 2,
-            "num_generations": 2,
-            "prompts_per_step": 2,
-            "learning_rate": 1e-5,
-            # Room for the answers stage 1 teaches (the longest of the 4 is ~300 tokens).
-            "max_completion_length": 320,
-            "max_prompt_length": 4096,
-        },
-        # Four turns: the expert's episodes open with the same schema query on every task, the
-        # turn the tiny model learns first. Its distribution keeps a long flat tail over its 3.3k
-        # tokens: at temperature 0.7 every sampled turn is noise, at 0.2 the learned call.
-        "stage4": {
-            "max_steps": 2,
-            "num_generations": 2,
-            "tasks_per_step": 2,
-            "max_turns": 4,
-            "max_new_tokens": 96,
-            "learning_rate": 1e-4,
-            "temperature": 0.2,
-            "num_envs": 2,
-            "max_context": 8192,
-        },
-        "eval": {"max_tasks": 4, "max_turns": 4, "max_new_tokens": 96},
-    },
-    # Sized for a 2-core CPU shared with other jobs, where fp32 SmolLM2 is slow: reading a
-    # 2.5k-token prompt is ~1 TFLOP (30 layers, attention included), so every agent turn and every
-    # training example costs CPU-minutes (benchmarks/README.md, section 11). Hence: 2 training
-    # tasks with two-turn episodes (run the problematic SQL, submit), one optimizer step of 2
-    # examples per SFT stage, one step of stages 3-4, evaluation on the first 4 critic-mini tasks
-    # with two turns. `eval.max_tasks=null` evaluates on all 69; raise the steps on a bigger machine.
-    "smollm": {
-        "name": "smollm",
-        "model": {
-            "name_or_path": "smollm",
-            "lora": False,
-            # Mixed precision under CPU autocast where the CPU computes bfloat16 natively
-            # (AVX512-BF16, AMX): a training step of 1.5k tokens 1.9x faster, sampling 2x
-            # (benchmarks §15, "bfloat16 on the CPU"); float32 elsewhere.
-            "dtype": "bfloat16",
-            "gradient_checkpointing": False,  # no recompute: one forward pass fewer a step
-        },
-        "data": {"max_train_tasks": 2},
-        "stage1": {
-            "epochs": 1,
-            "max_steps": 1,
-            "learning_rate": 1e-4,
-            "batch_size": 2,
-            "per_device_batch_size": 1,
-            "max_length": 4096,
-            "warmup_ratio": 0.0,  # a warm-up step of a one-step run has learning rate 0
-        },
-        "stage2": {
-            "epochs": 1,
-            "max_steps": 1,
-            "learning_rate": 1e-4,
-            "batch_size": 2,
-            "per_device_batch_size": 1,
-            "max_length": 4096,
-            "warmup_ratio": 0.0,
-        },
-        "stage3": {
-            "max_steps": 1,
-            "num_generations": 2,
-            "prompts_per_step": 2,
-            "learning_rate": 1e-6,
-            "max_completion_length": 128,
-            "max_prompt_length": 4096,
-        },
-        "stage4": {
-            "max_steps": 1,
-            "num_generations": 2,
-            "tasks_per_step": 2,
-            "max_turns": 2,
-            "max_new_tokens": 128,
-            "learning_rate": 1e-6,
-            "num_envs": 4,
-            "max_context": 8192,
-        },
-        "eval": {"max_tasks": 4, "max_turns": 2, "max_new_tokens": 128},
-    },
-    # A learning run sized for a 2-core CPU (benchmarks/README.md §15). Linked schemas without
-    # sample rows cut SmolLM2's median critic-mini agent prompt from 3,235 to 1,439 tokens (see
-    # "Prompt sizes"), which is what makes CPU epochs affordable. 32 training tasks drawn (seeded)
-    # from every database of gym-mini; the fit evaluation is on the first 24 of them, the held-out
-    # one on all 69 critic-mini tasks, in agent and single-turn mode. Stage 4 trains only on
-    # tasks the policy solves sometimes (difficulty filter), with a small reward for calls that
-    # parse, and resamples groups without variance. Stage 3 is off (see its comment).
-    # Every generation limit holds the answers and turns the SFT stages teach (a longer one is
-    # cut off every time; `sft.targets_over_budget` warns of it): the first run of this preset
-    # taught 28 of 64 answers longer than its 320-token limit.
-    "smollm-learn": {
-        "name": "smollm-learn",
-        "model": {
-            "name_or_path": "smollm",
-            "lora": False,
-            # Mixed precision under CPU autocast where the CPU computes bfloat16 natively
-            # (AVX512-BF16, AMX): a training step of 1.5k tokens 1.9x faster, sampling 2x
-            # (benchmarks §15, "bfloat16 on the CPU"); float32 elsewhere.
-            "dtype": "bfloat16",
-            "gradient_checkpointing": False,  # no recompute: one forward pass fewer a step
-        },
-        "prompt": {"schema": "linked", "sample_rows": False},
-        # Thoughts quote no result rows: the single-turn policy never sees the SQL run, so rows
-        # are numbers it can only guess (~30 % of an answer's tokens in the first run), not reasoning.
-        "data": {"mixture": {"gym-mini": 1.0}, "max_train_tasks": 32, "thought_rows": 0},
-        "stage1": {
-            # Five passes over 32 tasks (20 steps of 8): the first run's three passes over 64 at
-            # 1e-4 ended at 0.89 token accuracy and fitted 2 of 24 of its own tasks.
-            "epochs": 5,
-            "learning_rate": 2e-4,
-            "batch_size": 8,
-            "per_device_batch_size": 2,
-            "max_length": 2048,
-            "warmup_ratio": 0.05,
-            "save_steps": 4,
-        },
-        "stage2": {
-            # As many passes as stage 1 (20 steps of ~3.3 CPU-minutes): two passes at 1e-4 left
-            # 0 of 24 fit tasks solved in agent mode and half the episodes on malformed calls
-            # (run 2); five at 2e-4 solved 15 of 24 (run 3). Stage 1 is what the fixes come
-            # from: the same stage 2 without it solved 4 of 24 (run 4).
-            "epochs": 5,
-            "learning_rate": 2e-4,
-            "batch_size": 8,
-            # One trajectory per forward pass: two of up to 3k tokens held ~17 GB of activations
-            # (no gradient checkpointing), too much beside anything else on a 24 GB machine.
-            "per_device_batch_size": 1,
-            "max_length": 3072,
-            "warmup_ratio": 0.05,
-            # One example per trajectory, loss on its three turns: the same tokens as "each" for
-            # 2.3x fewer (each turn's context is read once).
-            "turns": "whole",
-            "save_steps": 4,
-        },
-        # The RL stages' cost is the backward pass over every sampled sequence (~1.2k tokens of
-        # prompt and ~0.3k of answer in stage 3, ~2.3k over a stage-4 rollout's turns): 16
-        # sequences a step cost ~5-10 CPU-minutes with TRL's full pass. A prompt shared by its
-        # group runs once (share_prompt, on by default): ~4x less for a group of 4 in stage 3.
-        # Stage 3 six steps and stage 4 eight. Stage 4's 8 steps at 5e-5 did not raise the reward
-        # (run 4), and 2e-4 broke the call format first (run 5): benchmarks §15.
-        # Stage 3 is off: after stage 2 the policy answers a single-turn prompt with narrated agent
-        # turns and no <solution> (0 of 24 fit tasks, run 3), so its difficulty filter keeps no task.
-        # Its settings are kept for stage3.enabled=true (run 2 trained it after a shorter stage 2).
-        "stage3": {
-            "enabled": False,
-            "max_steps": 6,
-            "num_generations": 8,
-            "prompts_per_step": 2,
-            "learning_rate": 2e-5,
-            "beta": 0.0,
-            "temperature": 1.0,
-            "max_completion_length": 512,
-            "max_prompt_length": 2048,
-            # Eight sequences a backward pass, each distinct prompt run once (share_prompt): 16 GB
-            # peak RSS measured with two 1.2k-token prompts and 512-token completions, where
-            # TRL's full pass held 11 GB for two sequences (benchmarks §15, "Shared prompts").
-            "micro_batch_size": 8,
-            "difficulty_filter": True,
-            "difficulty_samples": 4,
-            "difficulty_chunk": 8,  # ~5 CPU-minutes a part: what an interruption can lose
-            "dynamic_sampling_rounds": 2,
-            "save_steps": 2,
-        },
-        "stage4": {
-            # Four tasks of four rollouts a step: twice the task groups of 2 x 8 for the same
-            # rollouts. The reward trend is measured over groups, and its noise is mostly the
-            # spread between tasks, which more groups average out.
-            "max_steps": 8,
-            "num_generations": 4,
-            "tasks_per_step": 4,
-            "max_turns": 3,
-            "max_new_tokens": 448,
-            "learning_rate": 5e-5,
-            "beta": 0.0,
-            "temperature": 0.8,
-            "num_envs": 16,
-            "max_context": 4096,
-            "micro_batch_size": 2,  # a group of 8 rollouts of up to 4k tokens would hold ~32 GB
-            # Only tasks the policy solves sometimes: without the filter, run 3's first step drew
-            # two tasks no rollout solved (0 of 16 at temperature 0.8); with it (4 agent rollouts
-            # a task, in parts of 8 tasks), 18 of 32 tasks were kept in run 3 and 8 in run 4.
-            "difficulty_filter": True,
-            "difficulty_samples": 4,
-            "difficulty_chunk": 8,
-            # A small reward for calls that parse: after a short stage 2 most turns were invalid
-            # JSON (run 2), and the share of parsed turns still varies within a group whose
-            # verdicts are all equal, so such a group keeps a gradient toward runnable calls.
-            "format_reward_weight": 0.1,
-            "dynamic_sampling_rounds": 2,
-            "save_steps": 2,
-        },
-        "eval": {
-            "max_turns": 3,
-            "max_new_tokens": 512,
-            "modes": ["agent", "single"],
-            "train_tasks": 24,
-        },
-    },
-    # One 80 GB GPU (`birdtrain plan --preset paper-7b` prints the estimate per stage): LoRA
-    # (r=16 on every linear layer, 40 M trainable parameters) on a bfloat16 base, which is also
-    # the reference model. Full fine-tuning (model.lora=false) keeps float32 master weights and
-    # Adam's moments, 16 bytes a parameter (122 GB): several GPUs. Stages 3-4 generate with vLLM
-    # in the training process, in a share of the card beside training; micro-batches of 2
-    # sequences keep activations small enough for a KV cache that holds stage 4's whole step
-    # (stage 3's in 3 rounds). The learning rates are the paper's, set for full fine-tuning.
-    "paper-7b": {
-        "name": "paper-7b",
-        "model": {
-            "name_or_path": "Qwen/Qwen2.5-Coder-7B-Instruct",
-            "lora": True,
-            "dtype": "bfloat16",
-        },
-        "stage1": {"epochs": 3, "learning_rate": 1e-5, "batch_size": 16, "max_length": 8192},
-        "stage2": {"epochs": 3, "learning_rate": 1e-5, "batch_size": 16, "max_length": 16384},
-        "stage3": {
-            "num_generations": 16,
-            "learning_rate": 1e-6,
-            "beta": 0.01,
-            "max_completion_length": 5000,
-            "use_vllm": True,
-            "micro_batch_size": 2,
-            "vllm_gpu_memory_utilization": 0.45,
-        },
-        "stage4": {
-            "num_generations": 4,
-            "max_turns": 5,
-            "learning_rate": 1e-6,
-            "beta": 0.01,
-            "use_vllm": True,
-            "num_envs": 64,
-            "micro_batch_size": 2,
-            "vllm_gpu_memory_utilization": 0.4,
-        },
-    },
-}
+#: The folder of the named configurations (``presets/NAME.yaml`` in the package): YAML files read
+#: as ``--config`` files are, first under the file. ``paper-7b`` carries the paper's
+#: hyper-parameters.
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
+
+#: The names of the presets.
+PRESETS: tuple[str, ...] = tuple(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
 
 
 def _merge(target: Any, values: dict[str, Any], where: str) -> None:
@@ -825,7 +571,7 @@ def _merge(target: Any, values: dict[str, Any], where: str) -> None:
 
 
 def _parse_value(text: str) -> Any:
-    import yaml
+    yaml = require("yaml")
 
     return yaml.safe_load(text)
 
@@ -833,7 +579,7 @@ def _parse_value(text: str) -> Any:
 def _read_yaml(path: Path) -> Any:
     """The YAML document of a configuration file; a ``ValueError`` naming the file, line and
     column when it cannot be read."""
-    import yaml
+    yaml = require("yaml")
 
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -848,20 +594,30 @@ def _read_yaml(path: Path) -> Any:
         raise ValueError(f"{where}: not valid YAML ({problem})") from None
 
 
+def _merge_file(config: CurriculumConfig, path: Path) -> None:
+    """Set ``config``'s fields from the YAML file at ``path`` (a preset or a ``--config`` file)."""
+    data = _read_yaml(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    _merge(config, data, "")
+
+
 def load_config(
     preset: str | None = None, path: str | Path | None = None, overrides: list[str] | None = None
 ) -> CurriculumConfig:
-    """Resolve a configuration: defaults, then the preset, then the YAML file, then ``key=value`` overrides."""
+    """Resolve a configuration: defaults, then the preset, then the YAML file, then ``key=value`` overrides.
+
+    >>> cfg = load_config("smoke", overrides=["stage3.learning_rate=1e-6"])
+    >>> cfg.name, cfg.model.name_or_path, cfg.stage3.learning_rate
+    ('smoke', 'tiny', 1e-06)
+    """
     config = CurriculumConfig()
     if preset is not None:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-        _merge(config, copy.deepcopy(PRESETS[preset]), "")
+        _merge_file(config, PRESET_DIR / f"{preset}.yaml")
     if path is not None:
-        data = _read_yaml(Path(path))
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping at the top level")
-        _merge(config, data, "")
+        _merge_file(config, Path(path))
     for item in overrides or []:
         key, sep, value = item.partition("=")
         if not sep:
