@@ -250,6 +250,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     else:
         print(f"strategy         copy (overlay unavailable: {overlay.unavailable_reason()})")
     print(f"observations     {'Python (' + SPEEDUPS_MISSING + ')' if SPEEDUPS_MISSING else 'C'}")
+    from birdenv.postgres.server import describe_default
+
+    print(f"postgresql       {describe_default()}")
     return 0
 
 

@@ -4,6 +4,7 @@ strict OpenAI-compatible chat endpoint on loopback."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import sqlite3
@@ -155,6 +156,25 @@ def pool(request: pytest.FixtureRequest, tmp_path: Path):
     """A replica pool on a private root, once per available strategy."""
     with ReplicaPool(root=tmp_path / "replicas", strategy=request.param) as p:
         yield p
+
+
+# -- PostgreSQL: the project's own cluster (shared by the run's processes), a pool per process ----
+@pytest.fixture(scope="session")
+def pg_pool() -> Iterator[Any]:
+    """A database pool on the default server (the private cluster, started on first use)."""
+    from birdenv.postgres import DatabasePool
+
+    with DatabasePool(ready=2) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="session")
+def pg_shop(pg_pool: Any) -> str:
+    """The template of the shop database (:data:`SHOP_SQL`) on PostgreSQL; its name."""
+    from birdenv.postgres import Template
+
+    digest = hashlib.sha256(SHOP_SQL.encode()).hexdigest()
+    return pg_pool.template(Template("shop", digest, lambda db: db.execute(SHOP_SQL)))
 
 
 # -- a strict OpenAI-compatible chat endpoint on loopback ------------------------------------------

@@ -149,7 +149,7 @@ def test_the_c_byte_count_is_the_rule(rows: list) -> None:
     speedups = pytest.importorskip("birdenv._speedups", reason="built without a C compiler")
     from birdenv.replicas import session
 
-    assert session._batch_bytes is speedups.batch_bytes  # what _fetch uses
+    assert session._batch_bytes is speedups.batch_bytes  # what fetch_capped uses
     expected = sum(session._row_bytes(tuple(row)) for row in rows)
     assert speedups.batch_bytes(rows) == session._rows_bytes(rows) == expected
     assert speedups.batch_bytes(tuple(rows)) == expected

@@ -42,6 +42,7 @@ __all__ = [
     "StatementTimeout",
     "apply_settings",
     "deadline_handler",
+    "fetch_capped",
     "run_statement",
 ]
 
@@ -134,8 +135,11 @@ def _result_bytes(sql: str, result: Result) -> int:
     return 256 + len(sql) + sum(len(c) for c in result.columns) + int(per_row * len(rows))
 
 
-def _fetch(cursor: sqlite3.Cursor, max_rows: int, max_bytes: int | None) -> tuple[list, bool]:
-    """Fetch at most ``max_rows`` rows and about ``max_bytes``; say whether more were left."""
+def fetch_capped(cursor: Any, max_rows: int, max_bytes: int | None) -> tuple[list, bool]:
+    """Fetch at most ``max_rows`` rows and about ``max_bytes``; say whether more were left.
+
+    The one cap rule of every session: ``cursor`` is anything with DB-API ``fetchmany`` and
+    ``fetchone`` (a ``sqlite3`` cursor, a PostgreSQL session's row stream)."""
     rows: list[tuple[Any, ...]] = []
     size = 0
     while len(rows) < max_rows:
@@ -213,11 +217,11 @@ def run_statement(
         # only: the same answer (lowering a character never makes or unmakes these ASCII words)
         # without two copies of a long statement.
         if sql.lstrip()[:6].lower().startswith(("select", "with")):
-            rows, truncated = _fetch(cursor, max_rows, max_result_bytes)
+            rows, truncated = fetch_capped(cursor, max_rows, max_result_bytes)
             return rows, columns, truncated
         conn.commit()
         try:
-            rows, truncated = _fetch(cursor, max_other_rows or sys.maxsize, max_result_bytes)
+            rows, truncated = fetch_capped(cursor, max_other_rows or sys.maxsize, max_result_bytes)
         except sqlite3.Error:
             return None, columns, False
         return rows, columns, truncated
