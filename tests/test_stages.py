@@ -586,6 +586,8 @@ def test_save_steps_is_checked() -> None:
 
 # -- (c) stages 1 and 3 end to end --------------------------------------------------------------
 def test_stage1_then_stage3_end_to_end(shop: list[Task], tiny: str, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from birdtrain.stages import grpo, sft
@@ -601,8 +603,20 @@ def test_stage1_then_stage3_end_to_end(shop: list[Task], tiny: str, tmp_path: Pa
     )
     stage1 = sft.run(cfg, model_path=tiny, out_dir=tmp_path / "s1", examples=examples, stage=1)
     stage3 = grpo.run(cfg, model_path=str(stage1), out_dir=tmp_path / "s3", tasks=shop[:4])
+    start = AutoModelForCausalLM.from_pretrained(tiny).state_dict()
     for checkpoint in (stage1, stage3):
-        assert AutoModelForCausalLM.from_pretrained(checkpoint) is not None
+        model, info = AutoModelForCausalLM.from_pretrained(checkpoint, output_loading_info=True)
+        # Every weight comes from the checkpoint: none missing, none left over, none reshaped...
+        problems = {k: info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+        assert not any(problems.values()), problems
+        weights = model.state_dict()
+        saved: dict[str, Any] = {}
+        for path in sorted(Path(checkpoint).glob("*.safetensors")):
+            saved |= load_file(path)
+        assert saved and all(torch.equal(weights[k], saved[k]) for k in saved)
+        # ...and they are the trained weights, not the tiny model's.
+        assert weights.keys() == start.keys()
+        assert not all(torch.equal(weights[k], start[k]) for k in start)
         assert AutoTokenizer.from_pretrained(checkpoint).chat_template
     s1 = [json.loads(x) for x in (tmp_path / "s1/metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in s1 if "loss" in m] == [1, 2]
