@@ -77,6 +77,22 @@ def _moving_average(values: list[float], window: int) -> list[float]:
     ]
 
 
+def _zeros_in_words(title: str, values: list[float], names: list[str], unit: str) -> str | None:
+    """A sentence in place of a chart whose every value is 0, else None.
+
+    An empty-looking axis around zero reads as a rendering fault, and "nothing was learnt" (or
+    "nothing passed") should be said in words.
+
+    >>> _zeros_in_words("SR by category", [0.0, 0.0], ["before"], "bars")
+    'SR by category: every value is 0 (2 bars of before).'
+    >>> _zeros_in_words("SR by category", [0.0, 12.5], ["before"], "bars") is None
+    True
+    """
+    if values and all(v == 0 for v in values):
+        return f"{title}: every value is 0 ({len(values)} {unit} of {', '.join(names)})."
+    return None
+
+
 def _lines(
     path: Path,
     title: str,
@@ -94,9 +110,9 @@ def _lines(
     values = [y for _, _, ys in series for y in ys]
     if not values:
         return None
-    if all(v == 0 for v in values):
-        names = ", ".join(label for label, xs, _ in series if xs)
-        return f"{title}: every value is 0 ({len(values)} points of {names})."
+    zeros = _zeros_in_words(title, values, [label for label, xs, _ in series if xs], "points")
+    if zeros:
+        return zeros
 
     def draw(ax) -> bool:
         for label, xs, ys in series:
@@ -408,16 +424,19 @@ def write_report(run_dir: str | Path) -> Path:
     figures["turns"] = _figure(out / "turns.png", "turns per episode", turns_plot)
     summaries = _eval_summaries(run_dir)
 
+    categories = sorted({c for s in summaries.values() for c in s.get("by_category", {})})
+    rates = {
+        label: [
+            summary.get("by_category", {}).get(c, {}).get("success_rate", 0.0) for c in categories
+        ]
+        for label, summary in summaries.items()
+    }
+
     def category_plot(ax) -> bool:
-        if not summaries:
+        if not categories:
             return False
-        categories = sorted({c for s in summaries.values() for c in s.get("by_category", {})})
-        width = 0.8 / len(summaries)
-        for i, (label, summary) in enumerate(summaries.items()):
-            values = [
-                summary.get("by_category", {}).get(c, {}).get("success_rate", 0.0)
-                for c in categories
-            ]
+        width = 0.8 / len(rates)
+        for i, (label, values) in enumerate(rates.items()):
             ax.bar([x + i * width for x in range(len(categories))], values, width, label=label)
         ax.set_xticks(
             [x + width * (len(summaries) - 1) / 2 for x in range(len(categories))], categories
@@ -426,9 +445,10 @@ def write_report(run_dir: str | Path) -> Path:
         ax.legend(fontsize=8)
         return True
 
-    figures["categories"] = _figure(
-        out / "success_by_category.png", "SR by category, EX by difficulty", category_plot
-    )
+    title = "SR by category, EX by difficulty"
+    figures["categories"] = _zeros_in_words(
+        title, [v for values in rates.values() for v in values], list(rates), "bars"
+    ) or _figure(out / "success_by_category.png", title, category_plot)
     slowest = store.query(
         "SELECT round(env_seconds, 3), task_id, sql FROM trajectories "
         "WHERE tool = 'execute_sql' AND env_seconds IS NOT NULL ORDER BY env_seconds DESC LIMIT 10"

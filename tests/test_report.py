@@ -155,3 +155,20 @@ def test_each_evaluation_is_compared_with_the_one_before_on_the_same_tasks(tmp_p
     ]
     html = write_report(run).read_text()
     assert "<code>before → after_stage2</code>" in html
+
+
+def test_a_bar_chart_of_zeros_is_said_in_words(tmp_path: Path) -> None:
+    """Every evaluation at 0 % in every category: a sentence, not an empty axis around zero."""
+    run = _run(tmp_path, [0.5] * 3)
+    by_category = {"Management": {"success_rate": 0.0}, "Query": {"success_rate": 0.0}}
+    for path in run.glob("eval/*/summary.json"):
+        path.write_text(json.dumps(json.loads(path.read_text()) | {"by_category": by_category}))
+    html = write_report(run).read_text()
+    assert not (run / "report" / "success_by_category.png").exists()
+    assert "SR by category, EX by difficulty: every value is 0 (4 bars of " in html
+    # One category above 0: the chart is drawn.
+    by_category["Query"] = {"success_rate": 12.5}
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"by_category": by_category}))
+    html = write_report(run).read_text()
+    assert (run / "report" / "success_by_category.png").stat().st_size > 5_000
+    assert "every value is 0 (4 bars" not in html
