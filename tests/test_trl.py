@@ -128,12 +128,39 @@ def _two_grpo_steps(tmp_path: Path, dataset, environment_factory) -> list[dict]:
 
 
 def test_two_grpo_steps_with_the_tiny_model(shop_tasks: list, tmp_path: Path) -> None:
+    from birdenv.judge import judge
+
+    # The tiny random model never hands in a solution, so each rollout's environment hands one in
+    # as it starts: the gold in every other rollout, the issue SQL in the rest. What TRL logs as
+    # each step's reward must be the mean of the judge's verdicts on those submissions.
+    resets: list[object] = []
+    reported: list[tuple[object, list[str], float]] = []
+
+    class HandsIn(BirdCriticTRLEnv):
+        def reset(self, **row: object) -> str:
+            prompt = super().reset(**row)
+            task = self.env.task
+            self.submission = task.sol_sql if len(resets) % 2 == 0 else task.issue_sql
+            resets.append(task)
+            self.submit_solution(self.submission)
+            return prompt
+
+        def get_reward(self) -> float:
+            reward = super().get_reward()
+            reported.append((self.env.task, self.submission, reward))
+            return reward
+
     logged = _two_grpo_steps(
-        tmp_path,
-        suite_dataset(shop_tasks),
-        functools.partial(BirdCriticTRLEnv, tasks=shop_tasks),
+        tmp_path, suite_dataset(shop_tasks), functools.partial(HandsIn, tasks=shop_tasks)
     )
-    assert any("BirdCriticTRLEnv" in key for key in logged[0])
+    per_step = len(reported) // len(logged)
+    assert per_step >= 2 and len(reported) == per_step * len(logged)
+    for step, entry in enumerate(logged):
+        batch = reported[step * per_step : (step + 1) * per_step]
+        verdicts = [float(judge(task, submission).passed) for task, submission, _ in batch]
+        assert [reward for _, _, reward in batch] == verdicts
+        assert entry["rewards/HandsIn/mean"] == pytest.approx(sum(verdicts) / len(verdicts))
+    assert {reward for _, _, reward in reported} == {0.0, 1.0}  # passing and failing alike
 
 
 def test_two_grpo_steps_on_a_mixture(shop_tasks: list, tmp_path: Path) -> None:
