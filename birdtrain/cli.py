@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ def _cmd_curriculum(args: argparse.Namespace) -> int:
     from birdtrain.curriculum import run_curriculum
 
     cfg = _config_from(args)
-    results = run_curriculum(cfg)
+    results = run_curriculum(cfg, restart_from=args.restart_from)
     for key in ("before", *(f"after_{stage}" for stage in STAGES if stage in cfg.eval.after)):
         summary = results.get(key)
         if summary:
@@ -68,21 +69,22 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
-    from birdtrain.curriculum import prepare_run, synthesize
+    from birdtrain.curriculum import open_run, synthesize
 
     cfg = _config_from(args)
-    counts = synthesize(cfg, prepare_run(cfg))
+    with open_run(cfg) as run_dir:
+        counts = synthesize(cfg, run_dir)
     print(json.dumps(counts, indent=2))
     return 0
 
 
 def _cmd_stage(args: argparse.Namespace) -> int:
-    from birdtrain.curriculum import prepare_run, run_stage, start_checkpoint
+    from birdtrain.curriculum import open_run, run_stage, start_checkpoint
 
     cfg = _config_from(args)
-    run_dir = prepare_run(cfg)
-    start = args.model or start_checkpoint(cfg, run_dir, args.command)
-    print(run_stage(cfg, args.command, start, run_dir))
+    with open_run(cfg) as run_dir:
+        start = args.model or start_checkpoint(cfg, run_dir, args.command)
+        print(run_stage(cfg, args.command, start, run_dir))
     return 0
 
 
@@ -102,12 +104,12 @@ def _cmd_difficulty(args: argparse.Namespace) -> int:
 
 
 def _cmd_mixture(args: argparse.Namespace) -> int:
-    from birdtrain.curriculum import prepare_run
+    from birdtrain.curriculum import open_run
     from birdtrain.curriculum.mixture import choose_mixture
 
     cfg = _config_from(args)
-    run_dir = prepare_run(cfg, mixture=False)
-    record = choose_mixture(cfg, run_dir)
+    with open_run(cfg, mixture=False) as run_dir:
+        record = choose_mixture(cfg, run_dir)
     for candidate in record["candidates"]:
         weights = ", ".join(f"{k} {v:.2f}" for k, v in candidate["weights"].items())
         gains = ", ".join(f"{k} {v:+.3f}" for k, v in candidate["improvement"].items())
@@ -119,6 +121,7 @@ def _cmd_mixture(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from birdenv.tasks import load_tasks
     from birdtrain.evaluate import evaluate_policy
+    from birdtrain.rundir import hold, working_on
 
     tasks = (
         load_tasks(args.tasks, db_dir=args.db_dir or args.db_root)
@@ -131,31 +134,33 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         raise ValueError("--endpoint takes --endpoint-model NAME, and no --policy")
     policy = f"endpoint:{args.endpoint_model}@{args.endpoint}" if args.endpoint else args.policy
     policy = policy or "scripted"
-    summary = evaluate_policy(
-        policy,
-        tasks=tasks,
-        out_dir=Path(args.out),
-        mode=args.mode,
-        n=args.n,
-        temperature=args.temperature,
-        max_turns=args.max_turns,
-        max_new_tokens=args.max_new_tokens,
-        num_envs=args.num_envs,
-        engine=args.engine,
-        dtype=args.dtype,
-        label=args.label,
-        suite=args.tasks or args.suite,
-        ray=args.ray,
-        max_context=args.max_context,
-        prompt={
-            key: value
-            for key, value in (("schema", args.schema), ("sample_rows", args.sample_rows))
-            if value is not None
-        },
-        engine_options=EvalConfig(
-            max_context=args.max_context, gpu_memory_utilization=args.gpu_memory_utilization
-        ).engine_options(),
-    )
+    out_dir = Path(args.out)
+    with hold(out_dir), working_on(out_dir, "the evaluation"):
+        summary = evaluate_policy(
+            policy,
+            tasks=tasks,
+            out_dir=out_dir,
+            mode=args.mode,
+            n=args.n,
+            temperature=args.temperature,
+            max_turns=args.max_turns,
+            max_new_tokens=args.max_new_tokens,
+            num_envs=args.num_envs,
+            engine=args.engine,
+            dtype=args.dtype,
+            label=args.label,
+            suite=args.tasks or args.suite,
+            ray=args.ray,
+            max_context=args.max_context,
+            prompt={
+                key: value
+                for key, value in (("schema", args.schema), ("sample_rows", args.sample_rows))
+                if value is not None
+            },
+            engine_options=EvalConfig(
+                max_context=args.max_context, gpu_memory_utilization=args.gpu_memory_utilization
+            ).engine_options(),
+        )
     print(summary["table"])
     return 0
 
@@ -225,6 +230,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "curriculum", help="run (or resume) stages 1-4 with evaluation"
     )
     _add_config_args(curriculum)
+    curriculum.add_argument(
+        "--from",
+        dest="restart_from",
+        choices=(*STAGES, "eval"),
+        help="redo the run from this stage (removing it, the later stages and their "
+        "evaluations), or only its evaluations (eval): after a change of settings, or to "
+        "replace a damaged checkpoint",
+    )
     curriculum.set_defaults(func=_cmd_curriculum)
     plan = commands.add_parser(
         "plan",
@@ -389,15 +402,20 @@ def _set_verbosity(verbose: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``birdtrain`` command.
 
-    Bad input (a file, a value, a name) ends in one line on stderr and exit status 2; ``-v`` shows
-    the traceback instead, and the libraries' own progress bars and logs.
+    Bad input (a file, a value, a name; a directory another process writes; a damaged file) ends
+    in one line on stderr and exit status 2. SIGINT and SIGTERM end in one line saying what was
+    interrupted, what is kept and that the same command resumes, with exit status 130 or 143.
+    ``-v`` shows the traceback instead, and the libraries' own progress bars and logs.
     """
     from birdenv.errors import BirdEnvError
     from birdtrain.endpoint import TeacherError
+    from birdtrain.rundir import interrupted_message, interrupted_status, raise_on_sigterm
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     args = _build_parser().parse_args(argv)
     _set_verbosity(args.verbose)
+    previous = signal.getsignal(signal.SIGTERM)
+    raise_on_sigterm()  # unwinds like Ctrl-C: every worker is ended on the way out
     try:
         return args.func(args)
     except (BirdEnvError, ValueError, TeacherError) as exc:
@@ -405,6 +423,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"birdtrain: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, TeacherError) else 2
+    except KeyboardInterrupt as exc:
+        if args.verbose:
+            raise
+        print(f"birdtrain: {interrupted_message(exc)}", file=sys.stderr)
+        return interrupted_status(exc)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from birdenv.files import LOCK_FILE, exclusive_lock
 from birdtrain import require
 from birdtrain.config import STAGES
 from birdtrain.sampling import read_groups
@@ -47,8 +48,8 @@ th { background: #f5f5f5; } code { font-size: 0.85rem; white-space: pre-wrap; }
 
 def _metrics(run_dir: Path, stage: str) -> list[dict[str, Any]]:
     path = run_dir / stage / "metrics.jsonl"
-    if not path.is_file():
-        return []
+    if not (run_dir / stage / "DONE").is_file() or not path.is_file():
+        return []  # a stage under way (or never run): the report shows what is complete
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
@@ -350,12 +351,23 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def write_report(run_dir: str | Path) -> Path:
-    """Write ``{run_dir}/report/report.html`` (and its PNGs) and return its path."""
+    """Write ``{run_dir}/report/report.html`` (and its PNGs) and return its path.
+
+    It reads what is complete (finished stages and evaluations), so it runs beside a curriculum
+    that writes the directory; two reports of one run take turns (a lock on ``report/``)."""
     run_dir = Path(run_dir)
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(out / LOCK_FILE):
+        return _write_report(run_dir, out)
+
+
+def _write_report(run_dir: Path, out: Path) -> Path:
     metrics = {stage: _metrics(run_dir, stage) for stage in STAGES}
-    groups = {stage: read_groups(run_dir / stage / "groups.jsonl") for stage in RL_STAGES}
+    groups = {
+        stage: read_groups(run_dir / stage / "groups.jsonl") if metrics[stage] else []
+        for stage in RL_STAGES
+    }
     store = TrajectoryStore(run_dir)
     figures: dict[str, Path | None] = {}
 

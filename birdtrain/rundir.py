@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "MANIFEST",
     "NO_EFFECT",
     "Terminated",
+    "command_line",
     "commit_folder",
     "completed_work",
     "first_changed",
@@ -46,6 +48,7 @@ __all__ = [
     "settings_differ",
     "verify_folder",
     "working_on",
+    "write_manifest",
     "write_once",
 ]
 
@@ -78,11 +81,19 @@ NO_EFFECT = frozenset(
 # --- one writer ---------------------------------------------------------------------------------
 
 
+def command_line() -> str:
+    """This process's command as a user typed it (``birdtrain curriculum --preset smoke``)."""
+    program = Path(sys.argv[0]).name
+    if program in ("cli.py", "__main__.py"):  # python -m birdtrain.cli
+        program = "birdtrain"
+    return " ".join([program, *sys.argv[1:]])
+
+
 @contextlib.contextmanager
-def hold(directory: str | os.PathLike[str], command: str | None = None) -> Iterator[Path]:
+def hold(directory: str | os.PathLike[str]) -> Iterator[Path]:
     """Hold ``directory`` as its one writer for the ``with`` block (see
     :func:`birdenv.files.directory_lock`); say so when a dead holder's lock is taken over."""
-    with directory_lock(directory, command) as lock:
+    with directory_lock(directory, command_line()) as lock:
         if lock.took_over:
             print(
                 f"[lock] {lock.directory}: taking over from {describe_holder(lock.took_over)}, "
@@ -154,18 +165,30 @@ _HASHED: set[tuple[str, int]] = set()
 
 
 def _manifest_of(folder: Path) -> dict[str, dict[str, Any]]:
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    files = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not p.name.startswith((MANIFEST, ".")) and p.suffix != ".tmp"
+    )
     return {
         str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": file_sha256(p)}
         for p in files
     }
 
 
+def write_manifest(folder: Path) -> None:
+    """Record ``folder``'s files' sizes and SHA-256 in its ``MANIFEST.json`` (for files written
+    atomically one by one, like the trajectory store's parts)."""
+    manifest = _manifest_of(folder)
+    staging = folder / f".{MANIFEST}.tmp"
+    staging.write_text(json.dumps({"files": manifest}, indent=2, sort_keys=True))
+    os.replace(staging, folder / MANIFEST)
+
+
 def commit_folder(staging: Path, final: Path) -> Path:
     """Write ``staging``'s manifest into it and rename it to ``final`` (replacing what an
     interrupted earlier attempt left there): ``final`` is whole or absent, never half written."""
-    manifest = _manifest_of(staging)
-    (staging / MANIFEST).write_text(json.dumps({"files": manifest}, indent=2, sort_keys=True))
+    write_manifest(staging)
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
@@ -184,10 +207,10 @@ def folder_hash(folder: Path) -> str:
     return hashlib.sha256((folder / MANIFEST).read_bytes()).hexdigest()
 
 
-def verify_folder(folder: Path, *, fix: str) -> None:
-    """Check a committed folder against its manifest: every file there with its size, and, the
-    first time this process checks it, its SHA-256. A folder without a manifest (written before
-    manifests existed) is not checked.
+def verify_folder(folder: Path, *, fix: str, hashes: bool = True) -> None:
+    """Check a committed folder against its manifest: every file there with its size, and, with
+    ``hashes`` and the first time this process checks it, its SHA-256. A folder without a
+    manifest (written before manifests existed) is not checked.
 
     Raises :class:`~birdenv.errors.DamagedFileError` naming the first missing or damaged file and
     ``fix``, what makes it again.
@@ -202,7 +225,7 @@ def verify_folder(folder: Path, *, fix: str) -> None:
     except (ValueError, KeyError, TypeError):
         raise DamagedFileError(f"{manifest_path} is damaged; {fix}") from None
     key = (str(folder.resolve()), manifest_path.stat().st_mtime_ns)
-    hashed = key in _HASHED
+    hashed = key in _HASHED or not hashes
     for name, expected in files.items():
         path = folder / name
         try:
@@ -215,7 +238,8 @@ def verify_folder(folder: Path, *, fix: str) -> None:
             )
         if not hashed and file_sha256(path) != expected["sha256"]:
             raise DamagedFileError(f"{path} is damaged (its content changed); {fix}")
-    _HASHED.add(key)
+    if hashes:
+        _HASHED.add(key)
 
 
 # --- interrupts ---------------------------------------------------------------------------------
@@ -234,32 +258,30 @@ def raise_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-#: What the run is doing now, innermost last: (directory, what).
-_DOING: list[tuple[Path, str]] = []
-
-
 @contextlib.contextmanager
 def working_on(directory: Path, what: str) -> Iterator[None]:
-    """Name the work under way in ``directory`` (``"stage3"``, ``"evaluation after_stage2"``) for
-    :func:`interrupted_message`."""
-    _DOING.append((Path(directory), what))
+    """Name the work under way in the run or output ``directory`` (``"stage3"``, ``"the
+    evaluation after_stage2"``): an interrupt raised inside carries it to
+    :func:`interrupted_message` (the innermost name wins)."""
     try:
         yield
-    finally:
-        _DOING.pop()
+    except KeyboardInterrupt as exc:
+        if not hasattr(exc, "during"):
+            exc.during = (Path(directory), what)  # type: ignore[attr-defined]
+        raise
 
 
-def interrupted_message(exc: KeyboardInterrupt, kept: str = "") -> str:
-    """One line for an interrupted command: the signal, the work it interrupted, what is kept and
-    that the same command resumes."""
+def interrupted_message(exc: KeyboardInterrupt) -> str:
+    """One line for a command ended by SIGINT or SIGTERM: the work it interrupted, what the
+    directory keeps, and that the same command resumes."""
     name = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
-    if not _DOING:
+    during = getattr(exc, "during", None)
+    if during is None:
         return f"interrupted by {name}"
-    directory, what = _DOING[-1]
-    kept = f"; kept: {kept}" if kept else ""
+    directory, what = during
     return (
-        f"interrupted by {name} during {what} in {directory}{kept}; run the same command to "
-        "resume from there"
+        f"interrupted by {name} during {what}; {directory} keeps {completed_work(directory)}; "
+        "run the same command to resume"
     )
 
 
@@ -268,13 +290,19 @@ def interrupted_status(exc: KeyboardInterrupt) -> int:
     return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
 
 
-def completed_work(run_dir: Path, stages: tuple[str, ...]) -> str:
-    """What a run directory holds finished: its complete stages and evaluations, in words."""
-    done = [s for s in stages if (run_dir / s / "DONE").is_file()]
-    evals = sorted(p.parent.name for p in (run_dir / "eval").glob("*/summary.json") if p.is_file())
+def completed_work(directory: Path) -> str:
+    """What a run or evaluation directory holds finished, in words: its complete stages and
+    evaluations, or the episodes an interrupted evaluation saved."""
+    directory = Path(directory)
+    done = sorted(p.parent.name for p in directory.glob("stage*/DONE"))
+    evals = sorted(p.parent.name for p in directory.glob("eval/*/summary.json"))
     parts = []
     if done:
-        parts.append("stages " + ", ".join(done))
+        parts.append("its complete stages (" + ", ".join(done) + ")")
     if evals:
-        parts.append("evaluations " + ", ".join(evals))
-    return " and ".join(parts) or "nothing finished yet"
+        parts.append("its complete evaluations (" + ", ".join(evals) + ")")
+    progress = directory / "episodes.partial.jsonl"
+    if progress.is_file():
+        episodes = max(0, len(progress.read_text().splitlines()) - 1)
+        parts.append(f"the {episodes} episodes it finished")
+    return " and ".join(parts) or "nothing finished"

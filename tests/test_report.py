@@ -51,6 +51,7 @@ def _run(tmp_path: Path, rewards: list[float]) -> Path:
         for (i, r), first_round in zip(enumerate(rewards), _steps(rewards), strict=True)
     ]
     (run / "stage4" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "stage4" / "DONE").write_text("{}")  # the report shows complete stages
     for label, split, rate in (("before", "heldout", 0.0), ("after_stage4", "train", 12.5)):
         folder = run / "eval" / (label if split == "heldout" else f"{label}-train")
         folder.mkdir(parents=True)

@@ -21,6 +21,7 @@ from birdtrain.rundir import (
     MANIFEST,
     NO_EFFECT,
     Terminated,
+    command_line,
     commit_folder,
     first_changed,
     folder_hash,
@@ -68,10 +69,10 @@ def test_a_dead_holders_lock_is_taken_over_and_said(tmp_path: Path, capsys) -> N
     holder = _start_holder(tmp_path)
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    with hold(tmp_path, "second") as held:
+    with hold(tmp_path) as held:
         assert held == tmp_path
         record = json.loads((tmp_path / LOCK_FILE).read_text())
-        assert record["pid"] == os.getpid() and record["command"] == "second"
+        assert record["pid"] == os.getpid() and record["command"] == command_line()
     out = capsys.readouterr().out
     assert f"taking over from pid {holder.pid} (holder-command)" in out
     # Released in order: the next holder has no one to take over from.
@@ -151,11 +152,19 @@ def test_a_changed_byte_is_found_on_first_use_in_a_process(tmp_path: Path) -> No
 def test_an_interrupt_says_what_it_interrupted_and_how_to_resume(tmp_path: Path) -> None:
     assert interrupted_status(KeyboardInterrupt()) == 130
     assert interrupted_status(Terminated()) == 143
-    with working_on(tmp_path, "stage3"):
-        line = interrupted_message(Terminated(), kept="stages stage1, stage2")
-    assert line == (
-        f"interrupted by SIGTERM during stage3 in {tmp_path}; kept: stages stage1, stage2; run "
-        "the same command to resume from there"
+    (tmp_path / "stage1").mkdir()
+    (tmp_path / "stage1" / "DONE").write_text("{}")
+    (tmp_path / "eval" / "before").mkdir(parents=True)
+    (tmp_path / "eval" / "before" / "summary.json").write_text("{}")
+    with (
+        pytest.raises(Terminated) as caught,
+        working_on(tmp_path, "the run"),
+        working_on(tmp_path, "stage2"),
+    ):
+        raise Terminated()
+    assert interrupted_message(caught.value) == (
+        f"interrupted by SIGTERM during stage2; {tmp_path} keeps its complete stages (stage1) "
+        "and its complete evaluations (before); run the same command to resume"
     )
     assert interrupted_message(KeyboardInterrupt()) == "interrupted by SIGINT"
 

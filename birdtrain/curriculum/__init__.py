@@ -8,6 +8,7 @@ and the curriculum's own steps.
 
 from birdtrain.curriculum.run import (
     estimate_difficulty,
+    open_run,
     prepare_run,
     run_curriculum,
     run_stage,
@@ -17,6 +18,7 @@ from birdtrain.curriculum.run import (
 
 __all__ = [
     "estimate_difficulty",
+    "open_run",
     "prepare_run",
     "run_curriculum",
     "run_stage",

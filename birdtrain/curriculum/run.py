@@ -7,25 +7,58 @@ git commit), ``data/`` (synthesized examples), ``stage1/`` … ``stage4/`` (each
 evaluation, ``eval/<label>-bird/`` execution accuracy on BIRD questions when there are any), and
 ``mixture.json`` when ``data.mixture`` is ``auto``. Rerunning resumes: completed stages are
 skipped and the next one starts from the last checkpoint.
+
+The directory can be trusted (:mod:`birdtrain.rundir` holds the mechanisms):
+
+- one writer: a command that writes it holds its lock (:func:`open_run`) for its whole life;
+- an honest record: ``config.json`` holds the settings the run's stages were trained with and a
+  ``history`` of every change; each stage's ``DONE`` records its settings, its input checkpoint
+  (path and content hash), the code commit and its data's hash. A rerun under settings that touch
+  work already begun is refused, naming each changed key; ``restart_from`` (``--from stageN``)
+  retrains from that stage, removing it, the later stages and their evaluations;
+- verified files: checkpoints are renamed into place with a manifest, checked on resume (sizes)
+  and before a stage loads one (hashes); so are the synthesized data and stage 4's part of the
+  trajectory store.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import multiprocessing
+import os
 import pickle
+import shutil
+import signal
 import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from birdenv.errors import ProcessDiedError
 from birdtrain.config import STAGES
+from birdtrain.rundir import (
+    NO_EFFECT,
+    command_line,
+    first_changed,
+    flatten,
+    folder_hash,
+    hold,
+    raise_on_sigterm,
+    settings_differ,
+    verify_folder,
+    working_on,
+    write_manifest,
+    write_once,
+)
 
 __all__ = [
     "estimate_difficulty",
+    "open_run",
     "prepare_run",
     "run_curriculum",
     "run_stage",
@@ -49,22 +82,148 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def prepare_run(cfg: Any, *, mixture: bool = True) -> Path:
-    """Create the run directory and record the configuration and git commit in ``config.json``.
+@contextlib.contextmanager
+def open_run(cfg: Any, *, mixture: bool = True, restart_from: str | None = None) -> Iterator[Path]:
+    """Hold the run directory as its one writer (a second fails naming this one) and prepare it
+    (:func:`prepare_run`); yield it."""
+    with hold(cfg.run_dir):
+        yield prepare_run(cfg, mixture=mixture, restart_from=restart_from)
+
+
+def prepare_run(cfg: Any, *, mixture: bool = True, restart_from: str | None = None) -> Path:
+    """Create or resume the run directory, its record in ``config.json`` kept honest.
+
+    A new run records the configuration, the git commit and the Python version. A resumed run
+    compares its settings with the record: a change that touches work already begun (a stage
+    folder, the data, an evaluation) is refused (``ValueError`` naming each key with both
+    values) unless ``restart_from`` (a stage, or ``"eval"``) says where to start again; that part,
+    the later stages and their evaluations are then removed, and ``config.json`` takes the new
+    settings with an entry in its ``history``. Completed stages' checkpoints and the data are
+    then checked against their manifests (sizes). Call it under :func:`open_run`'s lock.
 
     With ``mixture``, ``data.mixture: auto`` is settled too (see :func:`_resolve_mixture`).
     """
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    record = {
-        "config": cfg.to_dict(),
-        "git_commit": _git_commit(),
-        "python": sys.version.split()[0],
-    }
-    (run_dir / "config.json").write_text(json.dumps(record, indent=2))
+    path = run_dir / "config.json"
+    current = cfg.to_dict()
+    command = command_line()
+    if path.is_file():
+        record = json.loads(path.read_text())
+        record.setdefault("history", [])
+        differ = settings_differ(record["config"], current, ignore=NO_EFFECT)
+        event = _settle(run_dir, differ, restart_from)
+        if event is not None:
+            record["config"], record["git_commit"] = current, _git_commit()
+            record["history"].append({"at": time.time(), "command": command, **event})
+            _write_json(path, record)
+    else:
+        record = {
+            "config": current,
+            "git_commit": _git_commit(),
+            "python": sys.version.split()[0],
+            "history": [{"at": time.time(), "command": command, "event": "created"}],
+        }
+        _write_json(path, record)
+    _verify_completed(run_dir)
     if mixture:
         _resolve_mixture(cfg, run_dir)
     return run_dir
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> None:
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text(json.dumps(record, indent=2, default=str))
+    os.replace(staging, path)  # the record is whole, the old one or the new one
+
+
+#: The parts of a run in order: its stages, then the evaluations (``--from eval``).
+PARTS = (*STAGES, "eval")
+
+
+def _begun(run_dir: Path, part: str) -> bool:
+    """Whether anything of ``part`` or what follows it is on disk: its folder, a later stage's;
+    for the first stage also the data and any evaluation (they all follow the base model)."""
+    evaluated = any((run_dir / "eval").glob("*"))
+    if part == "eval":
+        return evaluated
+    if any((run_dir / stage).exists() for stage in STAGES[STAGES.index(part) :]):
+        return True
+    return part == STAGES[0] and ((run_dir / "data").exists() or evaluated)
+
+
+def _settle(run_dir: Path, differ: list[str], restart_from: str | None) -> dict[str, Any] | None:
+    """Decide a resumed run's changed settings (:func:`prepare_run`); the ``history`` entry to
+    record, or None when the record stays as it is."""
+    if restart_from is not None and restart_from not in PARTS:
+        raise ValueError(f"--from takes one of {', '.join(PARTS)}, not {restart_from!r}")
+    first = first_changed(differ, STAGES) if differ else None
+    changes = "; ".join(differ)
+    if restart_from is None:
+        if first is None:
+            return None
+        if _begun(run_dir, first):
+            begin = "evaluate again" if first == "eval" else f"retrain from {first}"
+            raise ValueError(
+                f"{run_dir} was run with other settings ({changes}); they touch {first}, which "
+                f"has begun: rerun with the recorded settings to resume, add --from {first} to "
+                f"{begin} (what follows is redone too), or give another --output-dir"
+            )
+        return {"event": f"settings changed before {first} began", "changed": differ}
+    if first is not None and PARTS.index(first) < PARTS.index(restart_from):
+        raise ValueError(
+            f"--from {restart_from}: the changed settings ({changes}) touch {first}, which comes "
+            f"earlier; use --from {first}"
+        )
+    all_evaluations = any(line.startswith("eval.") for line in differ)
+    removed = _invalidate(run_dir, restart_from, all_evaluations=all_evaluations)
+    if removed:
+        print(f"[{restart_from}] removed to be redone: {', '.join(removed)}")
+    return {"event": f"redone from {restart_from}", "changed": differ, "removed": removed}
+
+
+def _invalidate(run_dir: Path, start: str, *, all_evaluations: bool) -> list[str]:
+    """Remove ``start`` (a stage, or ``"eval"``), every later stage, and their evaluations (all
+    of them from the first stage on, or when ``all_evaluations``); return what was removed."""
+    later = STAGES[STAGES.index(start) :] if start in STAGES else ()
+    labels = {f"after_{stage}" for stage in later}
+    every = all_evaluations or start in (STAGES[0], "eval")
+    targets = [run_dir / stage for stage in later]
+    targets += [run_dir / "difficulty" / f"{stage}.json" for stage in later]
+    targets += [
+        folder
+        for folder in sorted((run_dir / "eval").glob("*"))
+        if every or folder.name.split("-")[0] in labels
+    ]
+    if start == STAGES[0]:
+        targets += [run_dir / "data", run_dir / "mixture.json"]
+    removed = []
+    for target in targets:
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+        else:
+            continue
+        removed.append(str(target.relative_to(run_dir)))
+    return removed
+
+
+def _verify_completed(run_dir: Path) -> None:
+    """Check the data and each completed stage's checkpoint and trajectory store against their
+    manifests (sizes; hashes are checked when a stage loads a checkpoint)."""
+    data = run_dir / "data"
+    if (data / "DONE").is_file():
+        verify_folder(data, fix=_fix(STAGES[0]), hashes=False)
+    for stage in STAGES:
+        if (run_dir / stage / "DONE").is_file():
+            for folder in ("checkpoint", "trajectories"):
+                if (run_dir / stage / folder).exists() or folder == "checkpoint":
+                    verify_folder(run_dir / stage / folder, fix=_fix(stage), hashes=False)
+
+
+def _fix(stage: str) -> str:
+    return f"retrain {stage}: rerun the same command with --from {stage}"
 
 
 def _tasks(cfg: Any, which: str) -> list:
@@ -138,12 +297,28 @@ def _isolates(cfg: Any) -> bool:
     return torch.cuda.is_available()
 
 
+def _die_with_parent() -> None:
+    """Have Linux send this process SIGTERM when its parent dies (a killed curriculum leaves no
+    stage running on behind it)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def _child(conn: Any, fn: Any, args: tuple, kwargs: dict) -> None:
-    """The body of an isolated process: run ``fn`` and send back its result or its exception."""
+    """The body of an isolated process: run ``fn`` and send back its result or its exception.
+
+    SIGTERM (from the parent on an interrupt, or from the system when the parent dies) unwinds it
+    like Ctrl-C, ending its own workers on the way out."""
+    _die_with_parent()
+    raise_on_sigterm()
     try:
         result = fn(*args, **kwargs)
     except BaseException as exc:
-        traceback.print_exc()
+        if not isinstance(exc, KeyboardInterrupt):  # the parent reports an interrupt
+            traceback.print_exc()
         try:
             pickle.loads(pickle.dumps(exc))
         except Exception:  # it would not arrive whole (e.g. a constructor with other arguments)
@@ -176,6 +351,12 @@ def _isolated(cfg: Any, run_dir: Path, name: str, fn: Any, *args: Any, **kwargs:
         outcome = receive.recv()
     except EOFError:
         outcome = None  # it died before it could say anything (killed, or a crash in native code)
+    except BaseException:  # an interrupt here: the process is ended with this one, not orphaned
+        process.terminate()
+        process.join(timeout=60)
+        if process.is_alive():
+            process.kill()
+        raise
     finally:
         process.join()
         receive.close()
@@ -206,9 +387,11 @@ def synthesize(cfg: Any, run_dir: Path) -> dict[str, Any]:
     data_dir = run_dir / "data"
     done = data_dir / "DONE"
     if done.is_file():
+        verify_folder(data_dir, fix=_fix(STAGES[0]))
         return json.loads(done.read_text())
     counts = synth(cfg, data_dir)
-    done.write_text(json.dumps(counts))
+    write_manifest(data_dir)  # before DONE: a finished synthesis always has its manifest
+    write_once(done, counts)
     return counts
 
 
@@ -226,6 +409,7 @@ def run_stage(cfg: Any, stage: str, model_path: str, run_dir: Path) -> str:
     if not getattr(cfg, stage).enabled:
         print(f"[{stage}] disabled in the configuration; skipped")
         return model_path
+    _verify_input(run_dir, model_path)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     if stage in ("stage1", "stage2"):
@@ -233,6 +417,7 @@ def run_stage(cfg: Any, stage: str, model_path: str, run_dir: Path) -> str:
 
         synthesize(cfg, run_dir)
         examples = _read_jsonl(run_dir / "data" / f"{stage}.jsonl")
+        data_hash = folder_hash(run_dir / "data")
         checkpoint = sft.run(
             cfg, model_path=model_path, out_dir=out_dir, examples=examples, stage=int(stage[-1])
         )
@@ -257,10 +442,42 @@ def run_stage(cfg: Any, stage: str, model_path: str, run_dir: Path) -> str:
             )
         trainer = grpo if stage == "stage3" else agentic
         checkpoint = trainer.run(cfg, model_path=model_path, out_dir=out_dir, tasks=tasks)
+        ids = json.dumps([t.instance_id for t in tasks]).encode()
+        data_hash = hashlib.sha256(ids).hexdigest()  # the tasks it drew from, in order
     elapsed = time.perf_counter() - started
-    done.write_text(json.dumps({"checkpoint": str(checkpoint), "seconds": round(elapsed, 1)}))
+    if (out_dir / "trajectories").is_dir():
+        write_manifest(out_dir / "trajectories")
+    write_once(
+        done,
+        {
+            "checkpoint": str(checkpoint),
+            "seconds": round(elapsed, 1),
+            "settings": {
+                key: value
+                for key, value in flatten(cfg.to_dict()).items()
+                if key not in NO_EFFECT and not key.startswith("eval.")
+            },
+            "input": {"path": model_path, "sha256": _content_hash(model_path)},
+            "git_commit": _git_commit(),
+            "data_sha256": data_hash,
+            "finished": time.time(),
+        },
+    )
     print(f"[{stage}] done in {elapsed:.1f} s from {model_path}: {checkpoint}")
     return str(checkpoint)
+
+
+def _content_hash(model_path: str) -> str | None:
+    """A stage checkpoint's content hash (its manifest's); None for a base model."""
+    path = Path(model_path)
+    return folder_hash(path) if (path / "MANIFEST.json").is_file() else None
+
+
+def _verify_input(run_dir: Path, model_path: str) -> None:
+    """Before a stage loads an earlier stage's checkpoint: every file whole (sizes and hashes)."""
+    path = Path(model_path)
+    if path.parent.name in STAGES and path.parent.parent.resolve() == run_dir.resolve():
+        verify_folder(path, fix=_fix(path.parent.name))
 
 
 def estimate_difficulty(
@@ -271,10 +488,11 @@ def estimate_difficulty(
     for that policy; returns the record and the tasks with 0 < p < 1."""
     from birdtrain.curriculum.difficulty import estimate_pass_rates
 
-    run_dir = prepare_run(cfg)
-    model_path = model_path or start_checkpoint(cfg, run_dir, stage)
-    tasks = _rl_tasks(cfg, stage)
-    record = estimate_pass_rates(cfg, stage, model_path, tasks, run_dir)
+    with open_run(cfg) as run_dir:
+        model_path = model_path or start_checkpoint(cfg, run_dir, stage)
+        _verify_input(run_dir, model_path)
+        tasks = _rl_tasks(cfg, stage)
+        record = estimate_pass_rates(cfg, stage, model_path, tasks, run_dir)
     rates = record["tasks"]
     return record, [t for t in tasks if 0 < rates[t.instance_id]["p"] < 1]
 
@@ -348,39 +566,46 @@ def _evaluate_on(
     summary_path = out_dir / "summary.json"
     if summary_path.is_file():
         return json.loads(summary_path.read_text())
-    return _isolated(
-        cfg,
-        run_dir,
-        f"eval {folder}",
-        evaluate_policy,
-        model_path,
-        tasks=tasks,
-        out_dir=out_dir,
-        mode=mode,
-        max_turns=cfg.eval.max_turns,
-        max_new_tokens=cfg.eval.max_new_tokens,
-        temperature=cfg.eval.temperature,
-        num_envs=cfg.eval.num_envs,
-        label=label,
-        suite=suite,
-        prompt=cfg.prompt.options(),
-        task_set="train" if suite == "training" else "heldout",
-        max_context=cfg.eval.max_context,
-        engine_options=cfg.eval.engine_options(),
-        dtype=sampling_dtype(cfg.model),
-    )
+    with working_on(run_dir, f"the evaluation {folder}"):
+        return _isolated(
+            cfg,
+            run_dir,
+            f"eval {folder}",
+            evaluate_policy,
+            model_path,
+            tasks=tasks,
+            out_dir=out_dir,
+            mode=mode,
+            max_turns=cfg.eval.max_turns,
+            max_new_tokens=cfg.eval.max_new_tokens,
+            temperature=cfg.eval.temperature,
+            num_envs=cfg.eval.num_envs,
+            label=label,
+            suite=suite,
+            prompt=cfg.prompt.options(),
+            task_set="train" if suite == "training" else "heldout",
+            max_context=cfg.eval.max_context,
+            engine_options=cfg.eval.engine_options(),
+            dtype=sampling_dtype(cfg.model),
+        )
 
 
-def run_curriculum(cfg: Any) -> dict[str, Any]:
-    """Run (or resume) stages 1→4, evaluating before and after the stages of ``eval.after``.
+def run_curriculum(cfg: Any, *, restart_from: str | None = None) -> dict[str, Any]:
+    """Run (or resume) stages 1→4, evaluating before and after the stages of ``eval.after``, as
+    the run directory's one writer (see :func:`open_run`; ``restart_from``: a stage, or
+    ``"eval"``, to redo from there, see :func:`prepare_run`).
 
     Returns the summaries: ``before``, ``after_<stage>`` for each stage of ``eval.after``,
     ``after`` (the final model's, when stage 4 is evaluated) and ``run_dir``.
     """
+    with open_run(cfg, restart_from=restart_from) as run_dir:
+        return _run_curriculum(cfg, run_dir)
+
+
+def _run_curriculum(cfg: Any, run_dir: Path) -> dict[str, Any]:
     from birdtrain.models import resolve_model
     from birdtrain.report import write_report
 
-    run_dir = prepare_run(cfg)
     base = resolve_model(cfg.model.name_or_path)
     results: dict[str, Any] = {"run_dir": str(run_dir), "mixture": cfg.data.mixture}
     results["before"] = _evaluate(cfg, base, run_dir, "before") if cfg.eval.before else None
@@ -392,7 +617,10 @@ def run_curriculum(cfg: Any) -> dict[str, Any]:
         if (run_dir / stage / "DONE").is_file() or not getattr(cfg, stage).enabled:
             model_path = run_stage(cfg, stage, model_path, run_dir)  # nothing to train
         else:
-            model_path = _isolated(cfg, run_dir, stage, run_stage, cfg, stage, model_path, run_dir)
+            with working_on(run_dir, stage):
+                model_path = _isolated(
+                    cfg, run_dir, stage, run_stage, cfg, stage, model_path, run_dir
+                )
         if stage in cfg.eval.after:
             label = f"after_{stage}"
             if model_path in evaluated:
@@ -406,5 +634,5 @@ def run_curriculum(cfg: Any) -> dict[str, Any]:
     # "after": the evaluation of the final model, when eval.after asks for one.
     results["after"] = results.get(f"after_{STAGES[-1]}")
     results["report"] = str(write_report(run_dir))
-    (run_dir / "summary.json").write_text(json.dumps(results, indent=2, default=str))
+    _write_json(run_dir / "summary.json", results)
     return results

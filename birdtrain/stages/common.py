@@ -7,10 +7,12 @@ import functools
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from birdenv.errors import GPUSetupError
+from birdtrain.rundir import commit_folder
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +93,10 @@ def finish_stage(
 ) -> Path:
     """After ``trainer.train()``: refuse a run of zero optimizer steps, write ``metrics.jsonl``,
     save the merged checkpoint with the prompt setting ``prompt`` it was trained on; return its
-    path."""
+    path.
+
+    The checkpoint is written to a temporary folder and renamed into place with a manifest of its
+    files (:func:`birdtrain.rundir.commit_folder`): ``checkpoint/`` is whole or absent."""
     if trainer.state.global_step == 0:
         raise StageError(
             f"{stage} ran zero optimizer steps (its data loader yielded no full batch): lower its "
@@ -99,13 +104,13 @@ def finish_stage(
         )
     records = write_metrics(trainer.state.log_history, out_dir / "metrics.jsonl", extra=extra)
     masked_steps(records, trainer.args, stage)
-    return save_checkpoint(
-        trainer.model,
-        trainer.processing_class,
-        out_dir / "checkpoint",
-        args=trainer.args,
-        prompt=prompt,
+    staging = out_dir / ".checkpoint.partial"
+    if staging.exists():  # what an interrupted save left
+        shutil.rmtree(staging)
+    save_checkpoint(
+        trainer.model, trainer.processing_class, staging, args=trainer.args, prompt=prompt
     )
+    return commit_folder(staging, out_dir / "checkpoint")
 
 
 def checkpointing(save_steps: int) -> dict[str, Any]:

@@ -1,0 +1,187 @@
+"""A run directory you can trust, from the user's side: ``birdtrain curriculum`` run twice at once,
+rerun with other settings, resumed over a damaged checkpoint, and interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from birdtrain.cli import main
+
+#: The smoke preset cut to one optimizer step of stage 1 and no evaluation: a run in seconds.
+STAGE1 = [
+    "--preset",
+    "smoke",
+    "stage1.max_steps=1",
+    "data.max_train_tasks=2",
+    "eval.enabled=false",
+    "stage2.enabled=false",
+    "stage3.enabled=false",
+    "stage4.enabled=false",
+]
+
+
+def _birdtrain(*args: str) -> list[str]:
+    return [sys.executable, "-m", "birdtrain.cli", *args]
+
+
+def _session_processes(session: int) -> list[int]:
+    """The live processes of a session (the command started in a session of its own)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _wait_for(condition, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def stage1_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("stage1")
+    assert main(["curriculum", *STAGE1, "--output-dir", str(out)]) == 0
+    return out / "smoke"
+
+
+@pytest.fixture
+def run_copy(stage1_run: Path, tmp_path: Path) -> Path:
+    """A copy of the finished stage-1 run, to change."""
+    shutil.copytree(stage1_run, tmp_path / "smoke")
+    return tmp_path / "smoke"
+
+
+def test_a_second_writer_exits_2_naming_the_first_while_readers_read(
+    run_copy: Path, capsys
+) -> None:
+    argv = ["curriculum", "--output-dir", str(run_copy.parent), *STAGE1]
+    argv += ["stage2.enabled=true", "stage2.max_steps=1"]
+    first = subprocess.Popen(
+        _birdtrain(*argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _wait_for(lambda: (run_copy / "stage2").exists() or first.poll() is not None)
+        assert first.poll() is None, first.communicate()
+        assert main(argv) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1
+        assert f"{run_copy} is being written by pid {first.pid} (" in error
+        assert f"(birdtrain curriculum --output-dir {run_copy.parent} --preset smoke" in error
+        assert " since " in error
+        # Readers work during the run, on what is complete.
+        sql = "SELECT count(*) FROM trajectories"
+        assert main(["trajectories", str(run_copy), "--sql", sql]) == 0
+        assert main(["report", str(run_copy)]) == 0
+    finally:
+        _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err
+    assert json.loads((run_copy / "stage2" / "DONE").read_text())["input"]["sha256"]
+
+
+def test_a_rerun_with_other_settings_is_refused_and_the_record_kept(run_copy: Path, capsys) -> None:
+    argv = ["curriculum", "--output-dir", str(run_copy.parent), *STAGE1]
+    recorded = (run_copy / "config.json").read_text()
+    assert main([*argv, "seed=7", "stage1.learning_rate=0.5"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1
+    assert "seed: 0 there, 7 here; stage1.learning_rate: 1e-05 there, 0.5 here" in error
+    assert "--from stage1" in error
+    assert (run_copy / "config.json").read_text() == recorded
+    # A key that cannot change a result does not count: the run resumes.
+    assert main([*argv, "eval.num_envs=3"]) == 0
+    assert "[stage1] already complete" in capsys.readouterr().out
+    assert (run_copy / "config.json").read_text() == recorded
+    # --from retrains from there, and the record says so.
+    stage1_record = json.loads((run_copy / "stage1" / "DONE").read_text())
+    assert stage1_record["settings"]["seed"] == 0
+    assert stage1_record["input"]["sha256"] is None  # the base model
+    assert stage1_record["data_sha256"] and stage1_record["git_commit"] is not None
+    assert main(["curriculum", "--from", "stage1", "--output-dir", *argv[2:], "seed=7"]) == 0
+    record = json.loads((run_copy / "config.json").read_text())
+    assert record["config"]["seed"] == 7
+    assert record["history"][-1]["event"] == "redone from stage1"
+    assert record["history"][-1]["changed"] == ["seed: 0 there, 7 here"]
+    assert {"stage1", "data"} <= set(record["history"][-1]["removed"])
+    assert json.loads((run_copy / "stage1" / "DONE").read_text())["settings"]["seed"] == 7
+
+
+@pytest.mark.parametrize("damaged", ["stage1/checkpoint/model.safetensors", "data/stage1.jsonl"])
+def test_a_damaged_file_is_one_line_naming_it_and_the_fix(
+    run_copy: Path, damaged: str, capsys
+) -> None:
+    argv = ["curriculum", "--output-dir", str(run_copy.parent), *STAGE1, "stage2.enabled=true"]
+    path = run_copy / damaged
+    with path.open("r+b") as fh:
+        fh.truncate(path.stat().st_size // 2)  # a disk that filled, a copy cut short
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1
+    assert error.startswith(f"birdtrain: {path} is damaged (")
+    assert error.endswith("retrain stage1: rerun the same command with --from stage1\n")
+    assert not (run_copy / "stage2").exists()
+
+
+EVAL_ONLY = [
+    "--preset",
+    "smoke",
+    "eval.after=[]",
+    "eval.max_tasks=2",
+    "stage1.enabled=false",
+    "stage2.enabled=false",
+    "stage3.enabled=false",
+    "stage4.enabled=false",
+]
+
+
+@pytest.mark.parametrize(
+    ("signum", "status", "extra"),
+    [(signal.SIGINT, 130, []), (signal.SIGTERM, 143, ["isolate=true"])],
+    ids=["ctrl-c", "sigterm-isolated"],
+)
+def test_an_interrupt_is_one_line_leaves_no_process_and_resumes(
+    tmp_path: Path, signum: int, status: int, extra: list[str]
+) -> None:
+    argv = ["curriculum", "--output-dir", str(tmp_path), *EVAL_ONLY, *extra]
+    run = tmp_path / "smoke"
+    command = subprocess.Popen(
+        _birdtrain(*argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    _wait_for(lambda: (run / "eval" / "before").exists() or command.poll() is not None)
+    assert command.poll() is None, command.communicate()
+    if signum == signal.SIGINT:
+        os.killpg(command.pid, signum)  # Ctrl-C: the terminal signals the whole process group
+    else:
+        command.send_signal(signum)  # a job scheduler signals the command
+    _, err = command.communicate(timeout=300)
+    assert command.returncode == status, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    name = signal.Signals(signum).name
+    assert last.startswith(f"birdtrain: interrupted by {name} during the evaluation before; ")
+    assert last.endswith("run the same command to resume")
+    _wait_for(lambda: not _session_processes(command.pid), timeout=10)
+    # The same command resumes and completes.
+    done = subprocess.run(_birdtrain(*argv), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (run / "eval" / "before" / "summary.json").is_file()
