@@ -19,7 +19,7 @@ psycopg2-binary pymysql``)::
 ``pairs`` judges every pair of ``tests/fixtures/bird_ex/pairs.jsonl`` (over the ``shop`` database
 of ``tests/conftest.py``) with each official script's own ``execute_model`` (prediction, gold,
 database file, index, time limit), one fresh copy of the database and one process per pair, and
-with :func:`birdenv.ex.execution_accuracy`. It prints every pair on which the scripts disagree
+with :func:`birdenv.judge.ex.execution_accuracy`. It prints every pair on which the scripts disagree
 with each other, with the fixture's ``official`` field, or with ours (pairs whose ``ours`` field
 records a deliberate difference are listed apart). ``--write`` stores the first script's verdicts
 in the fixture's ``official`` field. A pair's ``timeout`` (seconds) is the time limit on both
@@ -102,9 +102,9 @@ def official_pair(
 
 
 def cmd_pairs(args: argparse.Namespace) -> int:
-    from birdenv.bird import BirdTask
-    from birdenv.ex import execution_accuracy
+    from birdenv.judge.ex import execution_accuracy
     from birdenv.replicas.pool import ReplicaPool
+    from birdenv.tasks import BirdTask
 
     sys.path.insert(0, str(ROOT))  # the shop database is the tests' own
     from tests.conftest import build_shop
@@ -219,7 +219,7 @@ def prediction_sets(tasks: list[Any]) -> dict[str, dict[int, str]]:
 
 
 def cmd_suite(args: argparse.Namespace) -> int:
-    from birdenv.bird import load_bird
+    from birdenv.tasks import load_bird
 
     src = Path(args.official_src[0])
     if official_module(src)[1] != "mini_dev":

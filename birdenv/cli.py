@@ -108,8 +108,8 @@ def _select_tasks(args: argparse.Namespace) -> list[Task]:
 
 def _cmd_data_validate(args: argparse.Namespace) -> int:
     if args.bird:
-        from birdenv.bird import load_bird
-        from birdenv.ex import validate_bird
+        from birdenv.judge.ex import validate_bird
+        from birdenv.tasks import load_bird
 
         questions = load_bird(args.bird, db_dir=args.db_dir)
         problems = validate_bird(questions, max_seconds=1.0)
@@ -214,6 +214,33 @@ def _cmd_play(args: argparse.Namespace) -> int:
     if args.tasks:
         return play(args.task_id, tasks=args.tasks, db_dir=args.db_dir)
     return play(args.task_id, suite=args.suite)
+
+
+# -- birdenv serve -----------------------------------------------------------------------------
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from birdenv.integrations.openenv import serve
+    except ImportError as exc:
+        print(
+            f"birdenv serve needs openenv-core: pip install 'bird-rl[openenv]' ({exc})",
+            file=sys.stderr,
+        )
+        return 2
+    source = {"tasks": args.tasks, "db_dir": args.db_dir} if args.tasks else {"suite": args.suite}
+    print(
+        f"birdenv: serving {args.kind} tasks on http://{args.host}:{args.port} (WebSocket /ws)",
+        flush=True,
+    )
+    serve(
+        host=args.host,
+        port=args.port,
+        kind=args.kind,
+        max_sessions=args.max_sessions,
+        idle_timeout=args.idle_timeout or None,
+        max_turns=args.max_turns,
+        **source,
+    )
+    return 0
 
 
 # -- birdenv doctor ----------------------------------------------------------------------------
@@ -352,6 +379,29 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="judging processes")
     demo.set_defaults(func=_cmd_demo)
 
+    serve = commands.add_parser(
+        "serve", help="serve the environments to OpenEnv clients (HTTP and WebSocket)"
+    )
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: loopback only)"
+    )
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--kind", choices=["critic", "bird"], default="critic", help="task kind")
+    serve.add_argument("--suite", help="bundled suite (default: the kind's evaluation suite)")
+    serve.add_argument("--tasks", help="task file instead of a suite (databases in --db-dir)")
+    serve.add_argument("--db-dir", help="folder holding the databases of --tasks")
+    serve.add_argument(
+        "--max-sessions", type=int, default=64, help="concurrent WebSocket sessions (default 64)"
+    )
+    serve.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        help="seconds of silence that close a session and free its lease (0: never)",
+    )
+    serve.add_argument("--max-turns", type=int, help="turns per episode (default: the env's, 5)")
+    serve.set_defaults(func=_cmd_serve)
+
     commands.add_parser("doctor", help="which replica strategy is in use, and why").set_defaults(
         func=_cmd_doctor
     )
@@ -360,7 +410,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _add_task_source(parser: argparse.ArgumentParser, *, bird: bool = False) -> None:
     if bird:  # no default: the suite, if given, also says which scorer applies
-        from birdenv.bird import BIRD_SUITES
+        from birdenv.tasks import BIRD_SUITES
 
         parser.add_argument(
             "--suite",

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from birdenv import suites
-from birdenv.bird import BIRD_SEPARATOR, BirdTask, load_bird
 from birdenv.errors import ArgumentError, PredictionFormatError, TaskFormatError
 from birdenv.judge import INSTANCE_TIMEOUT, judge_many
 from birdenv.rows import read_rows, read_text
 from birdenv.tasks import BaseTask, Task, load_tasks, parse_task, source_kind
+from birdenv.tasks.bird import BIRD_SEPARATOR, BirdTask, load_bird
 
 __all__ = [
     "SCORERS",
@@ -161,7 +161,7 @@ def evaluate_file(
 
     BIRD-CRITIC: the judge (:func:`birdenv.judge.judge_many`), ``statement_timeout`` per
     statement (default none, as the official evaluator), ``instance_timeout`` per instance,
-    ``cache`` for the issue phases. BIRD: execution accuracy (:func:`birdenv.ex.score_many`,
+    ``cache`` for the issue phases. BIRD: execution accuracy (:func:`birdenv.judge.ex.score_many`,
     ``statement_timeout`` default 30 s, the official ``meta_time_out``); every question of the
     task set counts, one without a prediction scores 0 (phase ``"missing"``). Where this differs
     from BIRD's scripts, on input only: they pair predictions with questions by position, here by
@@ -175,7 +175,7 @@ def evaluate_file(
     started = time.perf_counter()
     pairs = ((entry.task, entry.sql_list) for entry in good)
     if kind is BirdTask:
-        from birdenv.ex import score_many
+        from birdenv.judge.ex import score_many
 
         timeout = 30.0 if statement_timeout is None else statement_timeout
         verdicts = score_many(

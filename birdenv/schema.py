@@ -32,6 +32,7 @@ from typing import Any, Final
 from birdenv.errors import SchemaError
 from birdenv.files import identify
 from birdenv.sql import fold, referenced_tables
+from birdenv.tasks.protocol import BaseTask
 
 __all__ = [
     "SAMPLE_ROWS",
@@ -312,25 +313,23 @@ def linked_tables(
     return list(_linked(path, mtime_ns, statements, text, neighbours))
 
 
-def task_schema(task: Any, options: PromptOptions | None = None) -> str:
+def task_schema(task: BaseTask, options: PromptOptions | None = None) -> str:
     """The schema part of ``task``'s prompt under ``options`` (default: full, with sample rows).
 
-    The linked and named modes link a debugging task (:class:`birdenv.tasks.Task`) by its issue
-    SQL and a BIRD question (:class:`birdenv.bird.BirdTask`) by its question and evidence.
+    The linked and named modes keep the tables the task mentions (:meth:`BaseTask.mentions`: a
+    debugging task's issue SQL, a BIRD question's words and evidence).
     """
-    from birdenv.bird import BirdTask
-    from birdenv.tasks import Task
-
+    if not isinstance(task, BaseTask):
+        raise TypeError(f"not a task: {type(task).__name__} (expected a birdenv.tasks.BaseTask)")
     options = options or PromptOptions()
     rows = SAMPLE_ROWS if options.sample_rows else 0
     if options.schema == "full":
         return render_schema(task.db_path, rows=rows)
-    neighbours = options.schema == "linked"
-    if isinstance(task, BirdTask):
-        text = f"{task.question}\n{task.evidence or ''}"
-        tables = linked_tables(task.db_path, text=text, neighbours=neighbours)
-    elif isinstance(task, Task):
-        tables = linked_tables(task.db_path, sql=task.issue_sql, neighbours=neighbours)
-    else:
-        raise TypeError(f"not a task: {type(task).__name__} (expected Task or BirdTask)")
+    mentions = task.mentions()
+    tables = linked_tables(
+        task.db_path,
+        sql=mentions.sql,
+        text=mentions.text,
+        neighbours=options.schema == "linked",
+    )
     return render_schema(task.db_path, rows=rows, tables=tables)

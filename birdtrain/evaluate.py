@@ -3,7 +3,7 @@ BIRD questions by difficulty, pass@k, 95 % intervals, official files.
 
 The tasks decide the environment and the metric: debugging tasks (:class:`birdenv.tasks.Task`) run
 in ``BirdCritic-SQLite-v0`` and are judged by the official judge (Success Rate, "SR"); BIRD
-questions (:class:`birdenv.bird.BirdTask`) run in ``BirdSQL-SQLite-v0`` with the same prompts'
+questions (:class:`birdenv.tasks.BirdTask`) run in ``BirdSQL-SQLite-v0`` with the same prompts'
 rendering, tools and formatter, and are scored by execution accuracy ("EX"). One evaluation
 holds one kind; a curriculum evaluates both side by side.
 
@@ -42,9 +42,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from birdenv.bird import BIRD_SEPARATOR, DIFFICULTIES, BirdTask
 from birdenv.errors import OutputWriteError
+from birdenv.judge import score_many
 from birdenv.tasks import CATEGORIES, Task
+from birdenv.tasks.bird import BIRD_SEPARATOR, DIFFICULTIES, BirdTask
 from birdenv.tools import has_tool_call
 from birdtrain.policies import EndpointPolicy
 from birdtrain.prompts import prompt_for
@@ -356,9 +357,8 @@ def _model_episodes(
     from birdtrain.policies import generation_policy
     from birdtrain.rollout import VECTOR_KWARGS, collect
 
-    generator = generation_policy(
-        model_path, engine=engine, engine_options=engine_options, dtype=dtype
-    )
+    # The env workers fork before the engine starts: a vLLM engine's threads, sockets and locks
+    # do not survive a fork.
     envs = make_vec(
         min(num_envs, len(tasks) * n),
         tasks=tasks,
@@ -368,6 +368,9 @@ def _model_episodes(
         vector_kwargs=VECTOR_KWARGS,
     )
     try:
+        generator = generation_policy(
+            model_path, engine=engine, engine_options=engine_options, dtype=dtype
+        )
         rollouts = collect(
             envs,
             generator,
@@ -458,7 +461,7 @@ def _judge(
     ``ray``: on Ray workers over the cluster)."""
     with timeline.span("judge"):
         # The official rules (for BIRD: the gold on the prediction's state), as evaluators score.
-        verdicts = kind.judge_many(
+        verdicts = score_many(
             [(by_id[e.task_id], e.pred_sqls) for e in episodes], official=True, ray=ray
         )
     for episode, verdict in zip(episodes, verdicts, strict=True):

@@ -2,7 +2,7 @@
 
 A single-turn prompt is one user message: the database schema (the benchmark's rendering, CREATE
 statements plus three rows per table), the user's issue, the problematic SQL, and the answer
-format; for a BIRD question (:class:`birdenv.bird.BirdTask`), the schema, the question, its
+format; for a BIRD question (:class:`birdenv.tasks.BirdTask`), the schema, the question, its
 external knowledge and the same answer format, the last statement of the solution being the
 answer. The task's own sections come from the task (:meth:`birdenv.tasks.BaseTask.prompt_sections`). The answer is::
 

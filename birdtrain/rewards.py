@@ -8,7 +8,7 @@ completion comes from the ``task_id`` column.
 - :func:`solution_reward`: 1.0 when the statements of the completion's ``<solution>`` (parsed by
   :func:`birdtrain.prompts.parse_solution`) are correct, else 0.0: for a debugging task the judge
   (:func:`birdenv.judge.judge`) decides, for a BIRD question execution accuracy
-  (:func:`birdenv.ex.execution_accuracy`) on the last statement, as ``BirdSQL-SQLite-v0`` does.
+  (:func:`birdenv.judge.ex.execution_accuracy`) on the last statement, as ``BirdSQL-SQLite-v0`` does.
   One reward function serves a mixture of both kinds (:func:`score_submission`).
 - :func:`format_reward`: 1.0 for a well-formed ``<thought>…</thought><solution>…</solution>``
   answer, else 0.0.
@@ -23,8 +23,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from birdenv.bird import BIRD_SUITES, BirdTask
-from birdenv.tasks import Task, load_tasks
+from birdenv.judge import score
+from birdenv.tasks import BIRD_SUITES, BirdTask, Task, load_tasks
 
 __all__ = [
     "REWARDS",
@@ -98,13 +98,13 @@ def completion_text(completion: str | list[dict[str, Any]]) -> str:
 def score_submission(
     task: Task | BirdTask, sql_list: list[str], *, isolate_gold: bool = True
 ) -> Any:
-    """The verdict on a submission, by the task (:meth:`birdenv.tasks.BaseTask.judge`): the
-    judge's, or BIRD's execution accuracy.
+    """The verdict on a submission, by the judge of the task's kind (:func:`birdenv.judge.score`):
+    the BIRD-CRITIC judge's, or BIRD's execution accuracy.
 
     A BIRD question's answer is the last statement of ``sql_list`` (the rule of
     ``BirdSQL-SQLite-v0``); an empty list fails without running anything. ``isolate_gold=True``
     (rewards, the default) runs the gold on an untouched state, as the environment rewards;
-    ``False`` is BIRD's official rule, for evaluation (:func:`birdenv.ex.execution_accuracy`).
+    ``False`` is BIRD's official rule, for evaluation (:func:`birdenv.judge.ex.execution_accuracy`).
     Both verdicts have ``passed``, ``status``, ``fraction`` and ``to_dict()``.
 
     >>> from birdenv.tasks import load_tasks
@@ -114,7 +114,7 @@ def score_submission(
     >>> score_submission(question, []).status
     'failed'
     """
-    return task.judge(sql_list, official=not isolate_gold)
+    return score(task, sql_list, official=not isolate_gold)
 
 
 def solution_reward(

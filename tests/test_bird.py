@@ -14,9 +14,9 @@ from gymnasium.utils.env_checker import check_env
 
 import birdenv
 from birdenv import suites
-from birdenv.bird import BirdTask, load_bird
 from birdenv.errors import DatabaseNotFoundError, TaskFormatError, UnknownSuiteError
-from birdenv.ex import execution_accuracy, execution_accuracy_many, validate_bird
+from birdenv.judge.ex import execution_accuracy, execution_accuracy_many, validate_bird
+from birdenv.tasks import BirdTask, load_bird
 from birdenv.tools import format_tool_call
 from tests.conftest import build_shop
 

@@ -107,7 +107,7 @@ REWRITES = Path(__file__).parent / "fixtures" / "bird_ex" / "rewrites.jsonl"
 
 
 def bird_eval_tasks() -> list:
-    from birdenv.bird import load_bird
+    from birdenv.tasks import load_bird
 
     return load_bird("bird-mini-eval")
 

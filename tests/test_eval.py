@@ -208,7 +208,7 @@ def test_compare_two_evaluations_task_by_task(tmp_path: Path, capsys) -> None:
     ("policy", "expected"), [("oracle", 100.0), ("echo", 0.0), ("scripted", 100.0)]
 )
 def test_reference_policies_on_bird_mini_eval(policy: str, expected: float, tmp_path: Path) -> None:
-    from birdenv.bird import load_bird
+    from birdenv.tasks import load_bird
 
     questions = load_bird("bird-mini-eval")
     summary = evaluate_policy(policy, tasks=questions, out_dir=tmp_path, num_envs=2)
@@ -228,7 +228,7 @@ def test_reference_policies_on_bird_mini_eval(policy: str, expected: float, tmp_
 
 def test_bird_eval_from_the_command_line_and_from_files(tmp_path: Path, capsys) -> None:
     from birdenv import suites
-    from birdenv.bird import load_bird
+    from birdenv.tasks import load_bird
 
     assert (
         main(
@@ -277,7 +277,7 @@ def test_bird_eval_from_the_command_line_and_from_files(tmp_path: Path, capsys) 
 
 
 def test_bird_single_mode_and_one_kind_per_evaluation(tmp_path: Path) -> None:
-    from birdenv.bird import load_bird
+    from birdenv.tasks import load_bird
 
     questions = load_bird("bird-mini-eval")[:1]
     with pytest.raises(ValueError, match="evaluate each kind on its own"):

@@ -335,7 +335,7 @@ SCRIPT_CALLS = {
         "print([v.status for v in judge_many([(t, t.sol_sql) for t in tasks], processes=2)])\n",
     ),
     "execution_accuracy_many": (
-        "from birdenv.bird import load_bird\nfrom birdenv.ex import execution_accuracy_many\n",
+        "from birdenv.tasks import load_bird\nfrom birdenv.judge.ex import execution_accuracy_many\n",
         "qs = load_bird('bird-mini-eval')[:5]\n"
         "print([v.status for v in execution_accuracy_many([(q, q.SQL) for q in qs], processes=2)])\n",
     ),

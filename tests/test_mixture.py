@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from birdenv.bird import BirdTask
-from birdenv.tasks import Task, load_tasks
+from birdenv.tasks import BirdTask, Task, load_tasks
 from birdenv.tools import format_tool_call
 from birdenv.vector import MixedTaskEnv, make_vec
 from birdtrain.config import load_config

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from birdenv.bird import BirdTask
 from birdenv.errors import PredictionFormatError
 from birdenv.predictions import Prediction, choose_kind, read_predictions
-from birdenv.tasks import Task, load_tasks
+from birdenv.tasks import BirdTask, Task, load_tasks
 
 
 def test_entries_that_cannot_be_scored_are_errors_with_their_line(tmp_path: Path) -> None:

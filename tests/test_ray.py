@@ -22,12 +22,11 @@ import numpy as np
 import pytest
 
 import birdenv  # noqa: F401 - registers the environments
-from birdenv.bird import BirdTask, load_bird
 from birdenv.cli import main as birdenv_main
-from birdenv.ex import execution_accuracy_many
 from birdenv.files import file_sha256, home
-from birdenv.judge import judge_many
-from birdenv.tasks import load_tasks, parse_task
+from birdenv.judge import judge_many, score_many
+from birdenv.judge.ex import execution_accuracy_many
+from birdenv.tasks import load_bird, load_tasks, parse_task
 from birdenv.tools import format_tool_call
 from birdenv.vector import make_vec
 
@@ -266,8 +265,8 @@ def test_judging_on_the_cluster_gives_the_local_verdicts(ray_cluster: Any, shop_
     pairs = [(q, q.SQL if i % 2 else "SELECT 1") for i, q in enumerate(questions)]
     local_ex = [_comparable(v) for v in execution_accuracy_many(pairs)]
     assert [_comparable(v) for v in execution_accuracy_many(pairs, ray=True)] == local_ex
-    # The task kind's judge_many: BIRD's submission rule, then the same scoring on the cluster.
-    official = BirdTask.judge_many(pairs, official=True, ray=True)
+    # The one scoring entry point: BIRD's submission rule, then the same scoring on the cluster.
+    official = score_many(pairs, official=True, ray=True)
     assert [_comparable(v) for v in official] == local_ex
 
 

@@ -11,13 +11,12 @@ import gymnasium as gym
 import pytest
 
 import birdenv  # noqa: F401  (registers the environments)
-from birdenv.bird import load_bird
 from birdenv.envs.bird_sql import render_prompt as bird_prompt
 from birdenv.envs.critic import render_prompt as critic_prompt
 from birdenv.errors import BirdEnvError, SchemaError
 from birdenv.schema import PromptOptions, linked_tables, render_schema, task_schema
 from birdenv.sql import fold, referenced_tables
-from birdenv.tasks import Task, load_tasks
+from birdenv.tasks import Task, load_bird, load_tasks
 from birdenv.vector import make_vec
 from birdtrain.prompts import single_turn_prompt
 

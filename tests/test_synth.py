@@ -19,10 +19,9 @@ import pytest
 
 import birdenv  # noqa: F401 - registers the environment
 from birdenv.agents import SCHEMA_QUERY
-from birdenv.bird import load_bird
 from birdenv.envs.critic import render_prompt
 from birdenv.judge import judge
-from birdenv.tasks import load_tasks
+from birdenv.tasks import load_bird, load_tasks
 from birdenv.tools import TOOL_SCHEMAS, format_tool_call, parse_tool_call
 from birdtrain.data import synth
 from birdtrain.data.bird import (

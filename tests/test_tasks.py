@@ -10,9 +10,9 @@ import pytest
 
 import birdenv
 from birdenv import load_tasks
-from birdenv.bird import BirdTask
 from birdenv.errors import DatabaseNotFoundError, TaskFormatError, UnknownSuiteError
-from birdenv.tasks import CATEGORIES, Task, iter_tasks, parse_task, source_kind
+from birdenv.judge import score, score_many
+from birdenv.tasks import CATEGORIES, BirdTask, Task, iter_tasks, parse_task, source_kind
 
 
 def write(path: Path, rows: list) -> Path:
@@ -117,18 +117,18 @@ def test_the_protocol_describes_each_kind() -> None:
     assert task.issue_sql[0] in task.prompt_text() and question.question in question.prompt_text()
 
 
-def test_the_protocol_judges_each_kind_by_its_own_rule() -> None:
+def test_score_judges_each_kind_by_its_own_rule() -> None:
     task, question = load_tasks("critic-mini")[0], load_tasks("bird-mini-eval")[0]
-    assert task.judge(task.sol_sql).passed and not task.judge(task.issue_sql).passed
+    assert score(task, task.sol_sql).passed and not score(task, task.issue_sql).passed
     # BIRD: the last statement is the answer; nothing submitted fails without running anything.
-    assert question.judge(["SELECT nope", question.SQL]).passed
-    assert not question.judge([question.SQL, "SELECT 'no'"]).passed
-    empty = question.judge([])
+    assert score(question, ["SELECT nope", question.SQL]).passed
+    assert not score(question, [question.SQL, "SELECT 'no'"]).passed
+    empty = score(question, [])
     assert (empty.passed, empty.phase) == (False, "prediction") and "empty" in empty.error
     # Many at once, in order, each kind's way.
-    assert [v.passed for v in Task.judge_many([(task, task.sol_sql), (task, [])])] == [True, False]
+    assert [v.passed for v in score_many([(task, task.sol_sql), (task, [])])] == [True, False]
     pairs = [(question, []), (question, [question.SQL])]
-    assert [v.passed for v in BirdTask.judge_many(pairs, official=True)] == [False, True]
+    assert [v.passed for v in score_many(pairs, official=True)] == [False, True]
 
 
 def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path: Path) -> None:

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from birdenv.bird import load_bird
 from birdenv.integrations.trl import (
     BirdCriticTRLEnv,
     BirdSQLTRLEnv,
     environment_factories,
     suite_dataset,
 )
-from birdenv.tasks import load_tasks
+from birdenv.tasks import load_bird, load_tasks
 from birdenv.tools import TOOL_SCHEMAS
 
 pytest.importorskip("trl", reason="TRL is in the train extra")

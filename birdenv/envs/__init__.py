@@ -17,7 +17,7 @@ def env_class_for(kind: type[BaseTask]) -> type[ToolEnv]:
     """The environment class registered for a kind of task (``kind.env_id``), without the wrappers
     ``gymnasium.make`` adds.
 
-    >>> from birdenv.bird import BirdTask
+    >>> from birdenv.tasks import BirdTask
     >>> env_class_for(BirdTask).__name__
     'BirdSQLEnv'
     """

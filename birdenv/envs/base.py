@@ -17,6 +17,7 @@ from gymnasium import spaces
 
 from birdenv.compat import db_dir_argument
 from birdenv.errors import ArgumentError, TaskKindError
+from birdenv.judge import score
 from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.replicas.session import Limits, Session
 from birdenv.schema import PromptOptions, task_schema
@@ -102,7 +103,7 @@ def render_prompt(task: BaseTask, options: PromptOptions | None = None) -> str:
 
 class ToolEnv(gym.Env[str, str]):
     """An episode = a task, a fresh session on its database, turns of ``execute_sql`` and a
-    ``submit_solution`` judged on fresh states by the task (:meth:`~birdenv.tasks.BaseTask.judge`).
+    ``submit_solution`` judged on fresh states by the judge of the task's kind (:func:`birdenv.judge.score`).
 
     A subclass sets :attr:`task_type`, the kind it plays (by default on the kind's
     ``eval_suite``); the constructor's arguments are described in the subclasses' manuals.
@@ -176,8 +177,8 @@ class ToolEnv(gym.Env[str, str]):
 
     def judge_submission(self, sql_list: list[str]) -> tuple[Any, float]:
         """The task's verdict on a submission, under the env's statement deadline, and its reward."""
-        verdict = self.task.judge(
-            sql_list, pool=self.pool, statement_timeout=self.limits.statement_timeout
+        verdict = score(
+            self.task, sql_list, pool=self.pool, statement_timeout=self.limits.statement_timeout
         )
         return verdict, float(verdict.passed) if self.reward_mode == "binary" else verdict.fraction
 

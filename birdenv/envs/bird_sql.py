@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from birdenv.bird import BirdTask
 from birdenv.envs.base import ToolEnv, render_prompt
+from birdenv.tasks import BirdTask
 
 __all__ = ["BirdSQLEnv", "render_prompt"]
 
@@ -16,7 +16,7 @@ class BirdSQLEnv(ToolEnv):
     Text-to-SQL in the style of BIRD: the agent gets a database schema, a question in natural
     language and its external knowledge ("evidence"), explores the SQLite database with
     ``execute_sql`` over several turns and ends with ``submit_solution``. The reward is BIRD's
-    execution accuracy (:func:`birdenv.ex.execution_accuracy`): the submitted query and the gold
+    execution accuracy (:func:`birdenv.judge.ex.execution_accuracy`): the submitted query and the gold
     query run on the same fresh state and their rows are compared as sets. Every episode owns one
     persistent database session, isolated from every other episode; nothing it writes reaches the
     state the submission is judged on.
@@ -66,7 +66,7 @@ class BirdSQLEnv(ToolEnv):
 
     ## Arguments
     - ``suite``: a bundled suite name (default ``"bird-mini-eval"``; also ``"bird-mini-train"``), or
-    - ``tasks`` (a BIRD JSONL/JSON path or a list of :class:`~birdenv.bird.BirdTask`) with
+    - ``tasks`` (a BIRD JSONL/JSON path or a list of :class:`~birdenv.tasks.BirdTask`) with
       ``db_dir``, the folder holding ``{db_id}/{db_id}.sqlite`` (BIRD's official layout) or
       ``{db_id}/{db_id}_template.sqlite``; ``db_root``, its old name, still works and warns;
     - ``reward``: ``"binary"`` or ``"fraction"`` (equal here);

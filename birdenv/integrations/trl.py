@@ -159,8 +159,7 @@ def environment_factories(
     rollout's environment; ``env_kwargs`` (``reward``, ``pool``, ``statement_timeout`` ...) go to
     both.
     """
-    from birdenv.bird import BirdTask
-    from birdenv.tasks import Task
+    from birdenv.tasks import BirdTask, Task
 
     return {
         Task.kind: functools.partial(BirdCriticTRLEnv, tasks=_tasks(critic, db_dir), **env_kwargs),

@@ -1,4 +1,8 @@
-"""The official BIRD-CRITIC-SQLite evaluation, exactly, and faster.
+"""The official evaluations, exactly, and faster; and one scoring entry point for every task.
+
+:func:`score` (and :func:`score_many`) judges a submission for any task with the judge of its
+kind and dialect (:mod:`~birdenv.judge.scoring`): the BIRD-CRITIC judge below, or BIRD's
+execution accuracy (:mod:`~birdenv.judge.ex`).
 
 :func:`judge` gives the verdict the official evaluator gives, including its quirks:
 
@@ -22,7 +26,9 @@ Test code runs with the official helper names in scope: ``perform_query_on_sqlit
 The package: :mod:`~birdenv.judge.official` (the helpers and constants test code sees),
 :mod:`~birdenv.judge.runner` (statements and test code of one phase), :mod:`~birdenv.judge.instance`
 (:func:`judge`: the two phases and the verdict), :mod:`~birdenv.judge.cache` (the issue phase's
-remembered outcomes) and :mod:`~birdenv.judge.scheduling` (:func:`judge_many`).
+remembered outcomes), :mod:`~birdenv.judge.scheduling` (:func:`judge_many`),
+:mod:`~birdenv.judge.ex` (BIRD's execution accuracy) and :mod:`~birdenv.judge.scoring` (the
+registry of judges by task kind and dialect).
 """
 
 from birdenv.judge.instance import JUDGE_LIMITS, Verdict, judge
@@ -36,18 +42,24 @@ from birdenv.judge.official import (
     remove_round,
 )
 from birdenv.judge.scheduling import judge_many, validate_tasks
+from birdenv.judge.scoring import Scorer, register_scorer, score, score_many, scorer_for
 
 __all__ = [
     "DEFAULT_TEST",
     "INSTANCE_TIMEOUT",
     "JUDGE_LIMITS",
+    "Scorer",
     "Verdict",
     "check_sql_function_usage",
     "judge",
     "judge_many",
     "preprocess_results",
+    "register_scorer",
     "remove_comments",
     "remove_distinct",
     "remove_round",
+    "score",
+    "score_many",
+    "scorer_for",
     "validate_tasks",
 ]

@@ -94,8 +94,7 @@ def heldout_loss(
 
 def _stage1_examples(tasks: Sequence[Any], cfg: Any) -> dict[str, dict[str, Any]]:
     """Stage-1 examples for ``tasks`` of either kind, by task id (offline or the teacher)."""
-    from birdenv.bird import BirdTask
-    from birdenv.tasks import Task
+    from birdenv.tasks import BirdTask, Task
     from birdtrain.data import build_reasoning_examples, make_teacher
     from birdtrain.data.bird import build_bird_reasoning_examples
 

@@ -96,8 +96,7 @@ def synth(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
     the policy has in stage 4. Returns the counts (tasks, examples kept, what was dropped and why)
     and the two paths.
     """
-    from birdenv.bird import BirdTask
-    from birdenv.tasks import Task
+    from birdenv.tasks import BirdTask, Task
     from birdtrain.data.bird import build_bird_reasoning_examples, build_bird_tool_trajectories
 
     out_dir = Path(out_dir)

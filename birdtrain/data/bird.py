@@ -29,8 +29,8 @@ from sqlglot import exp
 
 import birdenv  # noqa: F401 - registers BirdSQL-SQLite-v0
 from birdenv.agents import SCHEMA_QUERY
-from birdenv.bird import BirdTask
 from birdenv.replicas.pool import ReplicaPool, default_pool
+from birdenv.tasks import BirdTask
 from birdenv.tools import TOOL_SCHEMAS, format_tool_call
 from birdtrain.data.evidence import StatementRun, _parse, run_statements, summarize_run
 from birdtrain.data.evidence import tables_touched as _tables_touched

@@ -19,12 +19,12 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from birdenv.bird import BirdTask
 from birdenv.errors import BirdEnvError
-from birdenv.judge import JUDGE_LIMITS
+from birdenv.judge.instance import JUDGE_LIMITS
 from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.replicas.session import Session, StatementTimeout
 from birdenv.replicas.store import Base
+from birdenv.tasks.bird import BirdTask
 from birdenv.workers import KILL_GRACE, supervised_map
 
 __all__ = [
@@ -317,7 +317,7 @@ def execution_accuracy_many(
         processes=processes,
         kill_after=kill_after,
         failed=_unscored,
-        preload=["birdenv.ex"],
+        preload=["birdenv.judge.ex"],
         ray=ray,
     )
 
@@ -352,7 +352,7 @@ def score_submission(
     :func:`execution_accuracy`; ``isolate_gold=True`` (the default: environments and rewards)
     keeps a submission that writes from changing the gold's result.
 
-    >>> from birdenv.bird import load_bird
+    >>> from birdenv.tasks import load_bird
     >>> question = load_bird("bird-mini-eval")[0]
     >>> score_submission(question, ["SELECT 1", question.SQL]).passed
     True
