@@ -32,7 +32,6 @@ reward function (verdicts + per-step metrics) → ``GRPOConfig`` → train → m
 from __future__ import annotations
 
 import math
-import random
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,18 +39,17 @@ from typing import Any
 
 from birdenv.tasks import Task, load_tasks
 from birdtrain import rollout
-from birdtrain.sampling import Group, dynamic_sample, record_groups
+from birdtrain.sampling import Group
 from birdtrain.stages.common import (
     Precision,
     check_batches,
     finish_stage,
     grpo_arguments,
     load_for_training,
-    prompt_groups,
     silence_trl_experimental,
-    stage_actor,
     train,
 )
+from birdtrain.stages.grpo_step import Generate, StepColumns, rollout_function
 from birdtrain.trajectory_store import TrajectoryStore, episode_rows
 
 __all__ = [
@@ -139,12 +137,9 @@ def make_rollout_func(
     ``groups_path`` each step's own draw is appended there
     (:func:`birdtrain.sampling.record_groups`).
     """
-    rng = random.Random(seed)
     stored: Counter[int] = Counter()  # rollout batches this process stored, by step
 
-    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
-        task_ids, group = prompt_groups(prompts)
-        actor = stage_actor(trainer, stage.use_vllm, policy)
+    def begin(trainer: Any, actor: Any, group: int) -> tuple[Generate, StepColumns]:
         spent = rollout.Rollouts()
 
         def generate(ids: list[str]) -> list[Group]:
@@ -174,57 +169,53 @@ def make_rollout_func(
                 for items in [[tr for tr in trajectories if tr.task_id == t]]
             ]
 
-        batch, stats = dynamic_sample(
-            task_ids,
-            generate,
-            pool=list(pool) if pool is not None else task_ids,
-            max_rounds=stage.dynamic_sampling_rounds,
-            rng=rng,
-        )
-        if groups_path is not None:
-            record_groups(groups_path, trainer.state.global_step + 1, stats)
-        eos = trainer.processing_class.eos_token_id
-        out: dict[str, list[Any]] = {
-            "prompt_ids": [],
-            "completion_ids": [],
-            "logprobs": [],
-            "env_mask": [],
-            "agent_reward": [],
-            "agent_passed": [],
-            "agent_dropped": [],
-            "agent_truncated": [],
-            "agent_tool_calls": [],
-            "agent_invalid_calls": [],
-            "agent_turns": [],
-        }
-        for g in batch:
-            for traj, reward in zip(g.items, g.rewards, strict=True):
-                ids, mask, logps = traj.completion_ids, traj.mask, traj.logprobs
-                if traj.dropped:
-                    # Broken: nothing of it may be trained on. TRL needs a non-empty sequence.
-                    mask = [0] * len(ids)
-                if not ids:
-                    ids, mask, logps = [eos], [0], [0.0]
-                out["prompt_ids"].append(traj.prompt_ids or [eos])
-                out["completion_ids"].append(ids)
-                out["logprobs"].append(logps)
-                out["env_mask"].append(mask)
-                out["agent_reward"].append(reward)
-                out["agent_passed"].append(traj.passed)
-                out["agent_dropped"].append(traj.dropped)
-                out["agent_truncated"].append(traj.truncated)
-                out["agent_tool_calls"].append(traj.tool_calls)
-                out["agent_invalid_calls"].append(traj.invalid_calls)
-                out["agent_turns"].append(traj.turns)
-        # Step-level figures ride along once per row: TRL hands reward functions one value per row.
-        rows = len(out["prompt_ids"])
-        out["agent_env_s"] = [spent.env_s] * rows
-        out["agent_generation_s"] = [spent.generation_s] * rows
-        out["agent_env_steps"] = [spent.env_steps] * rows
-        out["sampling_stats"] = [stats.metrics("sampling")] * rows
-        return out
+        def columns(batch: list[Group]) -> dict[str, list[Any]]:
+            eos = trainer.processing_class.eos_token_id
+            out: dict[str, list[Any]] = {
+                "prompt_ids": [],
+                "completion_ids": [],
+                "logprobs": [],
+                "env_mask": [],
+                "agent_reward": [],
+                "agent_passed": [],
+                "agent_dropped": [],
+                "agent_truncated": [],
+                "agent_tool_calls": [],
+                "agent_invalid_calls": [],
+                "agent_turns": [],
+            }
+            for g in batch:
+                for traj, reward in zip(g.items, g.rewards, strict=True):
+                    ids, mask, logps = traj.completion_ids, traj.mask, traj.logprobs
+                    if traj.dropped:
+                        # Broken: nothing of it may be trained on. TRL needs a non-empty sequence.
+                        mask = [0] * len(ids)
+                    if not ids:
+                        ids, mask, logps = [eos], [0], [0.0]
+                    out["prompt_ids"].append(traj.prompt_ids or [eos])
+                    out["completion_ids"].append(ids)
+                    out["logprobs"].append(logps)
+                    out["env_mask"].append(mask)
+                    out["agent_reward"].append(reward)
+                    out["agent_passed"].append(traj.passed)
+                    out["agent_dropped"].append(traj.dropped)
+                    out["agent_truncated"].append(traj.truncated)
+                    out["agent_tool_calls"].append(traj.tool_calls)
+                    out["agent_invalid_calls"].append(traj.invalid_calls)
+                    out["agent_turns"].append(traj.turns)
+            # Step-level figures ride along once per row: TRL hands reward functions one value
+            # per row.
+            rows = len(out["prompt_ids"])
+            out["agent_env_s"] = [spent.env_s] * rows
+            out["agent_generation_s"] = [spent.generation_s] * rows
+            out["agent_env_steps"] = [spent.env_steps] * rows
+            return out
 
-    return rollout_func
+        return generate, columns
+
+    return rollout_function(
+        stage, begin, policy=policy, pool=pool, seed=seed, groups_path=groups_path
+    )
 
 
 #: The store's parts of stage 4 are named ``stage4-step{step}-{batch}``: a step's rollout

@@ -24,21 +24,19 @@ reward functions (read the scores, log the sampling figures) → ``GRPOConfig`` 
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from birdtrain.sampling import Group, dynamic_sample, record_groups
+from birdtrain.sampling import Group
 from birdtrain.stages.common import (
     Precision,
     finish_stage,
     grpo_arguments,
     load_for_training,
-    prompt_groups,
-    stage_actor,
     train,
 )
+from birdtrain.stages.grpo_step import Generate, StepColumns, rollout_function
 
 __all__ = [
     "build_dataset",
@@ -125,13 +123,10 @@ def make_rollout_func(
     from birdtrain.rewards import format_reward, score_text
 
     by_id = {t.instance_id: t for t in tasks}
-    rng = random.Random(seed)
     contexts: dict[str, list[int]] = {}
 
-    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+    def begin(trainer: Any, actor: Any, group: int) -> tuple[Generate, StepColumns]:
         tokenizer = trainer.processing_class
-        task_ids, group = prompt_groups(prompts)
-        actor = stage_actor(trainer, stage.use_vllm, policy)
 
         def context(task_id: str) -> list[int]:
             if task_id not in contexts:
@@ -159,23 +154,22 @@ def make_rollout_func(
                 groups.append(Group(task_id, rewards, items))
             return groups
 
-        batch, stats = dynamic_sample(
-            task_ids, generate, pool=list(by_id), max_rounds=stage.dynamic_sampling_rounds, rng=rng
-        )
-        if groups_path is not None:
-            record_groups(groups_path, trainer.state.global_step + 1, stats)
-        eos = tokenizer.eos_token_id
-        rows = [item for g in batch for item in g.items]
-        return {
-            "prompt_ids": [r[0] for r in rows],
-            "completion_ids": [r[1] or [eos] for r in rows],
-            "logprobs": [r[2] or [0.0] for r in rows],
-            "solution_score": [r[3] for r in rows],
-            "format_score": [r[4] for r in rows],
-            "sampling_stats": [stats.metrics("sampling")] * len(rows),
-        }
+        def columns(batch: list[Group]) -> dict[str, list[Any]]:
+            eos = tokenizer.eos_token_id
+            rows = [item for g in batch for item in g.items]
+            return {
+                "prompt_ids": [r[0] for r in rows],
+                "completion_ids": [r[1] or [eos] for r in rows],
+                "logprobs": [r[2] or [0.0] for r in rows],
+                "solution_score": [r[3] for r in rows],
+                "format_score": [r[4] for r in rows],
+            }
 
-    return rollout_func
+        return generate, columns
+
+    return rollout_function(
+        stage, begin, policy=policy, pool=list(by_id), seed=seed, groups_path=groups_path
+    )
 
 
 def _solution_reward(
