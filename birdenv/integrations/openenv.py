@@ -1,0 +1,278 @@
+"""OpenEnv: the environments served over HTTP and WebSocket with ``openenv-core``'s ``create_app``.
+
+``birdenv serve`` runs :func:`make_app` under uvicorn. Each WebSocket connection (``/ws``, what
+OpenEnv's ``EnvClient`` speaks) gets its own :class:`BirdOpenEnv`, and each of its episodes one
+database session:
+
+- concurrent sessions are on, up to ``max_sessions`` (a connection past it is refused with
+  OpenEnv's capacity error);
+- a session idle for ``idle_timeout`` seconds is closed by OpenEnv's reaper, which frees its
+  replica lease (a client that vanished holds nothing for long);
+- OpenEnv's plain HTTP ``POST /step`` makes a fresh environment per request, so it has no
+  episode: it answers 409 with a message that says to use the WebSocket, never a 500;
+- the action is the model's turn in one field, ``text`` (the Gymnasium action); the observation
+  declares ``text`` (the prompt or the tool's response), ``verdict`` and ``task_id``;
+- ``GET /birdenv/pool`` reports the replica pool's open sessions (leases) and OpenEnv's active
+  sessions, to check that nothing leaks.
+
+The server binds 127.0.0.1 unless told otherwise. :class:`BirdEnvClient` is OpenEnv's client for
+it; :class:`BirdOpenEnvTRLEnv` wraps that client for TRL's ``environment_factory``.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from openenv.core.client_types import StepResult
+from openenv.core.env_client import EnvClient
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import Action, ConcurrencyConfig, Observation, State
+from pydantic import Field
+
+from birdenv import tools
+from birdenv.errors import BirdEnvError
+from birdenv.integrations.trajectory import Trajectory, task_list
+from birdenv.replicas import ReplicaPool
+from birdenv.replicas.pool import default_pool
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_MAX_SESSIONS",
+    "BirdAction",
+    "BirdEnvClient",
+    "BirdObservation",
+    "BirdOpenEnv",
+    "BirdOpenEnvTRLEnv",
+    "BirdState",
+    "NoEpisodeError",
+    "make_app",
+    "serve",
+]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_MAX_SESSIONS = 64
+#: Seconds a WebSocket session may stay silent before its session is closed and its lease freed.
+DEFAULT_IDLE_TIMEOUT = 300.0
+
+
+class NoEpisodeError(BirdEnvError):
+    """A step with no episode: on plain HTTP (stateless in OpenEnv), or before ``reset``."""
+
+
+class BirdAction(Action):
+    """The model's turn: free text holding one tool call, as the Gymnasium action."""
+
+    text: str = Field(..., description="The model's turn, holding exactly one <tool_call>.")
+
+
+class BirdObservation(Observation):
+    """The prompt (after reset) or the tool's response, with the verdict once judged."""
+
+    text: str = Field(
+        default="", description="The user prompt after reset; the tool's response after a step."
+    )
+    verdict: dict[str, Any] | None = Field(
+        default=None, description="The judge's verdict once a submission was judged, else null."
+    )
+    task_id: str | None = Field(default=None, description="The episode's task.")
+
+
+class BirdState(State):
+    """OpenEnv's state plus the episode's task."""
+
+    task_id: str | None = Field(default=None, description="The episode's task.")
+
+
+class BirdOpenEnv(Environment[BirdAction, BirdObservation, BirdState]):
+    """One WebSocket session: a :class:`~birdenv.integrations.trajectory.Trajectory` per
+    connection, one episode (and one database session) at a time.
+
+    ``reset(task_id=..., seed=...)`` starts an episode; ``step(BirdAction(text=...))`` plays a turn.
+    Keyword arguments are the trajectory's (``kind``, ``tasks``, ``max_turns``, ``pool`` ...).
+    """
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, **trajectory_kwargs: Any) -> None:
+        super().__init__()
+        self.trajectory = Trajectory(**trajectory_kwargs)
+        self._state = BirdState()
+
+    def reset(
+        self,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        task_id: str | None = None,
+        **kwargs: Any,
+    ) -> BirdObservation:
+        """Start an episode on ``task_id`` (else a task drawn with ``seed``)."""
+        prompt = self.trajectory.start(task_id, seed=seed)
+        task = str(self.trajectory.task.instance_id)
+        self._state = BirdState(episode_id=episode_id, step_count=0, task_id=task)
+        return BirdObservation(text=prompt, task_id=task, done=False, reward=0.0)
+
+    def step(
+        self, action: BirdAction, timeout_s: float | None = None, **kwargs: Any
+    ) -> BirdObservation:
+        """Play the turn; a malformed call is an error observation."""
+        if self.trajectory.task is None:
+            raise NoEpisodeError(
+                "no episode: reset first. OpenEnv's HTTP /step is stateless (a fresh environment "
+                "per request); play episodes over the WebSocket /ws (EnvClient)"
+            )
+        turn = self.trajectory.turn(action.text)
+        self._state.step_count += 1
+        return BirdObservation(
+            text=turn.observation,
+            verdict=turn.verdict,
+            task_id=self._state.task_id,
+            done=turn.done,
+            reward=turn.reward,
+        )
+
+    @property
+    def state(self) -> BirdState:
+        """The episode id, the steps taken and the task."""
+        return self._state
+
+    def close(self) -> None:
+        """Free the session (OpenEnv calls this on disconnect and when the idle reaper fires)."""
+        self.trajectory.close()
+
+
+def make_app(
+    kind: str = "critic",
+    *,
+    suite: str | None = None,
+    tasks: str | Path | None = None,
+    db_dir: str | Path | None = None,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+    max_turns: int | None = None,
+    pool: ReplicaPool | None = None,
+    **env_kwargs: Any,
+) -> FastAPI:
+    """The OpenEnv application for ``kind``'s tasks (``suite``, or ``tasks`` with ``db_dir``).
+
+    ``max_sessions`` WebSocket sessions at once; ``idle_timeout`` seconds of silence close one
+    (None: never); ``max_turns`` is the episode's turn limit; ``pool`` the replica pool (default:
+    the process's); other keywords (``reward``, ``statement_timeout`` ...) go to the environment.
+    """
+    if max_sessions < 1:
+        raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
+    if idle_timeout is not None and idle_timeout <= 0:
+        raise ValueError(f"idle_timeout must be positive (or None), got {idle_timeout}")
+    pool = pool or default_pool()
+    factory = functools.partial(
+        BirdOpenEnv,
+        kind=kind,
+        tasks=task_list(kind, suite=suite, tasks=tasks, db_dir=db_dir),  # loaded once, shared
+        max_turns=max_turns,
+        pool=pool,
+        **env_kwargs,
+    )
+    app = create_app(
+        factory,
+        BirdAction,
+        BirdObservation,
+        env_name="birdenv",
+        concurrency_config=ConcurrencyConfig(
+            max_concurrent_envs=max_sessions, session_timeout=idle_timeout
+        ),
+    )
+
+    @app.exception_handler(NoEpisodeError)
+    async def _no_episode(request: Request, exc: NoEpisodeError) -> JSONResponse:
+        return JSONResponse(status_code=409, content={"detail": str(exc)})
+
+    @app.get("/birdenv/pool", tags=["birdenv"])
+    def _pool() -> dict[str, Any]:
+        """The replica pool's open sessions (leases) and peak; nothing leaked reads 0 when idle."""
+        stats = pool.stats()
+        return {"open_sessions": stats["open_sessions"], "peak_sessions": stats["peak_sessions"]}
+
+    return app
+
+
+def serve(host: str = DEFAULT_HOST, port: int = 8000, **app_kwargs: Any) -> None:
+    """Serve :func:`make_app` (``app_kwargs``) with uvicorn on ``host:port`` until interrupted."""
+    import uvicorn
+
+    uvicorn.run(make_app(**app_kwargs), host=host, port=port, log_level="warning")
+
+
+class BirdEnvClient(EnvClient[BirdAction, BirdObservation, BirdState]):
+    """OpenEnv's WebSocket client for ``birdenv serve``: one server session per client.
+
+    .. code-block:: python
+
+        with BirdEnvClient(base_url="http://127.0.0.1:8000").sync() as env:
+            prompt = env.reset(task_id="shop_1").observation.text
+            result = env.step(BirdAction(text=model_turn))
+    """
+
+    def _step_payload(self, action: BirdAction) -> dict[str, Any]:
+        return {"text": action.text}
+
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[BirdObservation]:
+        observation = BirdObservation(
+            **payload.get("observation", {}),
+            done=payload.get("done", False),
+            reward=payload.get("reward"),
+        )
+        return StepResult(
+            observation=observation, reward=payload.get("reward"), done=observation.done
+        )
+
+    def _parse_state(self, payload: dict[str, Any]) -> BirdState:
+        return BirdState(**payload)
+
+
+class BirdOpenEnvTRLEnv:
+    """TRL's ``environment_factory`` over a ``birdenv serve`` server: one connection per env.
+
+    ``functools.partial(BirdOpenEnvTRLEnv, base_url="http://127.0.0.1:8000")`` is the factory;
+    TRL calls ``reset(**row)`` (the row's ``task_id``), exposes ``execute_sql`` and
+    ``submit_solution`` as tools (their schemas are birdenv's) and reads ``get_reward()``.
+    """
+
+    def __init__(self, base_url: str) -> None:
+        self.client = BirdEnvClient(base_url=base_url).sync()
+        self.client.connect()
+        self.reward = 0.0
+
+    def reset(self, **row: Any) -> str:
+        """Start the rollout on the row's task (``task_id``; else one drawn at random)."""
+        task_id = row.get("task_id")
+        result = self.client.reset(**({"task_id": task_id} if task_id else {}))
+        self.reward = 0.0
+        return result.observation.text
+
+    def _call(self, name: str, **arguments: Any) -> str:
+        result = self.client.step(BirdAction(text=tools.format_tool_call(name, **arguments)))
+        if result.done:
+            self.reward = float(result.reward or 0.0)
+        return result.observation.text
+
+    def execute_sql(self, sql: str) -> str:
+        return self._call("execute_sql", sql=sql)
+
+    def submit_solution(self, sql_list: list[str]) -> str:
+        return self._call("submit_solution", sql_list=sql_list)
+
+    # TRL builds the tool schemas from these docstrings: take them from the one definition.
+    execute_sql.__doc__ = tools.execute_sql.__doc__
+    submit_solution.__doc__ = tools.submit_solution.__doc__
+
+    def get_reward(self) -> float:
+        """The rollout's reward: the verdict on the submission (0.0 if none was made)."""
+        return self.reward
+
+    def close(self) -> None:
+        """Close the connection (the server frees the session)."""
+        self.client.close()
