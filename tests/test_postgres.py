@@ -323,3 +323,54 @@ def test_doctor_names_the_server_and_a_missing_one_says_how_to_install_it(
         find_bindir()
     assert main(["doctor"]) == 0
     assert "unavailable: BIRDENV_PG_BINDIR" in capsys.readouterr().out
+
+
+# -- SQLite files as templates --------------------------------------------------------------------
+def test_a_sqlite_file_becomes_a_template_with_the_same_rows_keys_and_views(
+    pg_pool: DatabasePool, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    from birdenv.postgres.convert import sqlite_template
+    from tests.conftest import build_shop
+
+    path = build_shop(tmp_path)
+    with sqlite3.connect(path) as extra:
+        extra.executescript(
+            """
+            CREATE TABLE "Notes" ("noteId" INTEGER PRIMARY KEY, body TEXT, data BLOB,
+                made TEXT DEFAULT CURRENT_TIMESTAMP, score REAL CHECK (score >= 0));
+            INSERT INTO "Notes" (body, data, score) VALUES ('', x'00ff', 1.5), (NULL, NULL, 0.1);
+            CREATE UNIQUE INDEX notes_body ON "Notes" (body);
+            """
+        )
+    template = sqlite_template(path)
+    assert template.key == "shop"
+    name = pg_pool.template(template)
+    assert pg_pool.template(sqlite_template(path)) == name  # by content hash: made once
+    source = sqlite3.connect(path)
+    with _session(pg_pool, name) as s:
+        for table in ("customers", "orders", '"Notes"'):
+            columns = "*" if table != '"Notes"' else '"noteId", body, data, score'
+            want = source.execute(f"SELECT {columns} FROM {table} ORDER BY 1").fetchall()
+            got = s.execute(f"SELECT {columns} FROM {table} ORDER BY 1").rows
+            assert [
+                tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in got
+            ] == want
+        assert s.execute("SELECT count(*) FROM big_orders").rows == [(2,)]
+        assert s.execute('SELECT body IS NULL FROM "Notes" ORDER BY "noteId"').rows == [
+            (False,),
+            (True,),
+        ]
+        # the identity column numbers new rows after the largest key, as SQLite's rowid does
+        assert s.execute("INSERT INTO customers (name) VALUES ('New')").ok
+        assert s.execute("SELECT max(id) FROM customers").rows == [(4,)]
+        assert (
+            "violates check constraint"
+            in s.execute('INSERT INTO "Notes" (score) VALUES (-1)').error
+        )
+        assert "duplicate key" in s.execute("""INSERT INTO "Notes" (body) VALUES ('')""").error
+        assert s.execute("DELETE FROM customers WHERE id = 1").ok  # ON DELETE CASCADE
+        assert s.execute("SELECT count(*) FROM orders WHERE customer_id = 1").rows == [(0,)]
+        assert "foreign key" in s.execute("INSERT INTO orders VALUES (9, 99, 'x', 1)").error
+    source.close()
