@@ -133,6 +133,7 @@ def _cmd_data_validate(args: argparse.Namespace) -> int:
 
 # -- birdenv evaluate --------------------------------------------------------------------------
 def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from birdenv.files import directory_lock
     from birdenv.predictions import choose_kind, evaluate_file, write_jsonl
 
     path = Path(args.predictions)
@@ -141,24 +142,25 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         return 2
     kind, reason = choose_kind(path, scorer=args.scorer, suite=args.suite, tasks=args.tasks)
     print(f"scoring {kind.metric_name.replace('_', ' ')} ({reason})", file=sys.stderr)
-    result = evaluate_file(
-        path,
-        kind,
-        suite=args.suite,
-        tasks=args.tasks,
-        db_dir=args.db_dir,
-        jobs=args.jobs,
-        statement_timeout=args.statement_timeout,
-        instance_timeout=args.instance_timeout,
-        cache=args.cache,
-        ray=args.ray,
-        progress=_progress,
-    )
-    for warning in result.warnings:
-        print(warning, file=sys.stderr)
-    out = write_jsonl(
-        result.rows, Path(args.out) if args.out else path.with_name(path.stem + ".verdicts.jsonl")
-    )
+    out = Path(args.out) if args.out else path.with_name(path.stem + ".verdicts.jsonl")
+    # One writer of the verdicts' folder at a time: a second fails at once, naming the first.
+    with directory_lock(out.parent, " ".join(["birdenv", *sys.argv[1:]])):
+        result = evaluate_file(
+            path,
+            kind,
+            suite=args.suite,
+            tasks=args.tasks,
+            db_dir=args.db_dir,
+            jobs=args.jobs,
+            statement_timeout=args.statement_timeout,
+            instance_timeout=args.instance_timeout,
+            cache=args.cache,
+            ray=args.ray,
+            progress=_progress,
+        )
+        for warning in result.warnings:
+            print(warning, file=sys.stderr)
+        write_jsonl(result.rows, out)
     metric = f"{kind.metric} %"
     print(
         _success_table(result.counted, key=kind.category_name, order=kind.categories, metric=metric)

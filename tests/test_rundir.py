@@ -181,3 +181,20 @@ def test_the_lock_is_released_when_its_holder_ends(tmp_path: Path) -> None:
         except DirectoryBusyError:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def test_birdenv_evaluate_refuses_a_folder_another_process_writes(tmp_path: Path, capsys) -> None:
+    from birdenv.cli import main as birdenv_main
+
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text(json.dumps({"instance_id": "bank_finance_001", "pred_sqls": []}) + "\n")
+    out = tmp_path / "verdicts"
+    holder = _start_holder(out)
+    try:
+        argv = ["evaluate", str(predictions), "--suite", "critic-mini"]
+        assert birdenv_main([*argv, "--out", str(out / "v.jsonl")]) == 2
+        assert f"is being written by pid {holder.pid} (holder-command)" in capsys.readouterr().err
+        assert not (out / "v.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()

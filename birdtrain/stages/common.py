@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from birdenv.errors import GPUSetupError
+from birdenv.errors import GPUSetupError, OutputWriteError
 from birdtrain.rundir import commit_folder
 
 logger = logging.getLogger(__name__)
@@ -104,13 +104,22 @@ def finish_stage(
         )
     records = write_metrics(trainer.state.log_history, out_dir / "metrics.jsonl", extra=extra)
     masked_steps(records, trainer.args, stage)
+    from safetensors import SafetensorError
+
     staging = out_dir / ".checkpoint.partial"
     if staging.exists():  # what an interrupted save left
         shutil.rmtree(staging)
-    save_checkpoint(
-        trainer.model, trainer.processing_class, staging, args=trainer.args, prompt=prompt
-    )
-    return commit_folder(staging, out_dir / "checkpoint")
+    try:
+        save_checkpoint(
+            trainer.model, trainer.processing_class, staging, args=trainer.args, prompt=prompt
+        )
+        return commit_folder(staging, out_dir / "checkpoint")
+    except (OSError, SafetensorError) as exc:  # a full disk: safetensors says so its own way
+        shutil.rmtree(staging, ignore_errors=True)
+        raise OutputWriteError(
+            f"cannot write the checkpoint of {stage} in {out_dir} ({exc}); the stages before it "
+            "are kept: make room and run the same command to resume"
+        ) from exc
 
 
 def checkpointing(save_steps: int) -> dict[str, Any]:
@@ -134,6 +143,9 @@ def train(trainer: Any) -> None:
     """
     from transformers.trainer_utils import get_last_checkpoint
 
+    from birdtrain.stages import weight_sync
+
+    weight_sync.install(trainer)  # LoRA merged out of place for vLLM: the base stays untouched
     out = Path(trainer.args.output_dir)
     last = get_last_checkpoint(str(out)) if out.is_dir() else None
     if last is not None:
