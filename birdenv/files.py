@@ -108,6 +108,22 @@ def _read_record(fd: int) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
+#: Descriptors of the directory locks this process holds.
+_HELD: set[int] = set()
+
+
+def _close_held_in_child() -> None:
+    # A process forked while a lock is held (a judge or environment worker) must not keep it: the
+    # lock would outlive its holder, a killed curriculum, for as long as the worker lives.
+    for fd in _HELD:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_held_in_child)
+
+
 @contextlib.contextmanager
 def directory_lock(
     directory: str | os.PathLike[str], command: str | None = None
@@ -120,8 +136,9 @@ def directory_lock(
     held and is emptied on release; a record found in it on taking the lock is that of a holder
     that died without letting go, returned as :attr:`DirectoryLock.took_over`.
 
-    Raises :class:`~birdenv.errors.DirectoryBusyError` naming the holder when a live process holds
-    it. Readers take no lock: they read what writers have finished (renamed into place).
+    A process forked while the lock is held (a worker) does not hold it: the lock ends with its
+    holder. Raises :class:`~birdenv.errors.DirectoryBusyError` naming the holder when a live
+    process holds it. Readers take no lock: they read what writers have finished (renamed into place).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -150,9 +167,11 @@ def directory_lock(
         }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(mine).encode(), 0)
+        _HELD.add(fd)
         try:
             yield DirectoryLock(directory, previous)
         finally:
+            _HELD.discard(fd)
             os.ftruncate(fd, 0)  # released in order: the next holder finds no one to take over
     finally:
         os.close(fd)  # lets go of the flock

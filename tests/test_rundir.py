@@ -198,3 +198,35 @@ def test_birdenv_evaluate_refuses_a_folder_another_process_writes(tmp_path: Path
     finally:
         holder.kill()
         holder.wait()
+
+
+FORKING_HOLDER = textwrap.dedent(
+    """
+    import os, sys, time
+    from birdenv.files import directory_lock
+    with directory_lock(sys.argv[1], "forking-holder"):
+        if os.fork() == 0:  # a worker, as a judge pool forks one
+            time.sleep(60)
+            os._exit(0)
+        print("held", flush=True)
+        time.sleep(60)
+    """
+)
+
+
+def test_a_worker_forked_by_the_holder_does_not_keep_the_lock(tmp_path: Path, capsys) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", FORKING_HOLDER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        holder.send_signal(signal.SIGKILL)  # the holder dies; its worker lives on
+        holder.wait()
+        with hold(tmp_path):
+            pass
+        assert f"taking over from pid {holder.pid} (forking-holder)" in capsys.readouterr().out
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
