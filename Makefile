@@ -46,4 +46,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 clean:
-	rm -rf $(VENV) build *.egg-info birdenv/replicas/*.so
+	rm -rf $(VENV) build *.egg-info birdenv/*.so birdenv/replicas/native/*.so

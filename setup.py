@@ -1,10 +1,12 @@
-"""Build hook for the two optional C extensions: the page-overlay VFS and the step's speedups.
+"""Build hook for the optional C extensions: the page-overlay VFS, a result's size and the step's
+speedups.
 
 The extension links the system ``libsqlite3`` so that, where Python's ``_sqlite3`` links the same
 shared library, the VFS registers into the very library stdlib connections use. The build is
 optional: without a compiler or SQLite headers the package still installs and the replica pool
 falls back to the ``copy`` strategy (see ``birdenv doctor``). ``birdenv._speedups`` parses each
-step's tool call and formats its result table; without it the same rules run in Python.
+step's tool call and formats its result table, and ``birdenv.replicas.native._sizes`` counts a fetched
+batch's bytes; without them the same rules run in Python.
 """
 
 from setuptools import Extension, setup
@@ -12,9 +14,15 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "birdenv.replicas._overlay",
-            sources=["birdenv/replicas/overlay.c"],
+            "birdenv.replicas.native._overlay",
+            sources=["birdenv/replicas/native/overlay.c"],
             libraries=["sqlite3"],
+            extra_compile_args=["-O2", "-Wall"],
+            optional=True,
+        ),
+        Extension(
+            "birdenv.replicas.native._sizes",
+            sources=["birdenv/replicas/native/sizes.c"],
             extra_compile_args=["-O2", "-Wall"],
             optional=True,
         ),

@@ -353,7 +353,7 @@ def test_page_write_cost(benchmark, db_paths, tmp_path) -> None:
     session to write the pages and as a sibling that finds them all stored, against private
     pages; the three timed in alternation, statement by statement."""
     overlay_or_skip()
-    from birdenv.replicas import _overlay
+    from birdenv.replicas.native import _overlay
 
     hash_us = {unit: 1e6 * _overlay._hash_cost(unit, 100_000) for unit in (1024, 4096, 65536)}
     template = db_paths["hospital_records"]

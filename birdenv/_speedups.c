@@ -1,5 +1,6 @@
-/* The observation formatter's table, in C: every step of every episode formats its result here,
- * parses its tool call and counts its result's bytes (below).
+/* The observation formatter's table, in C: every step of every episode formats its result here
+ * and parses its tool call (below). A result's bytes are counted in the replica layer's own
+ * extension (birdenv/replicas/native/sizes.c).
  *
  * birdenv.tools holds the rule (_cell and _table) and uses these functions when they are built;
  * tests/test_tools.py checks that both give the same text for any value SQLite can return and for
@@ -127,48 +128,6 @@ done:
     Py_XDECREF(pieces);
     Py_DECREF(seq);
     return text;
-}
-
-/* ------------------------------------------------------------------ a result's size */
-
-/* batch_bytes(rows): birdenv.replicas.session._row_bytes summed over rows: per row, each value's
- * operator.length_hint(value, 8) plus 8. SQLite's types first: the length of an exact str or
- * bytes, 8 for an exact int, float or None (none of which has a length or a length hint, which
- * Python only finds out by looking both up); PyObject_LengthHint, what length_hint runs, for the
- * rest. */
-static PyObject *batch_bytes(PyObject *module, PyObject *rows)
-{
-    PyObject *outer = PySequence_Fast(rows, "batch_bytes() takes a sequence of rows");
-    if (outer == NULL)
-        return NULL;
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(outer); i++) {
-        PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(outer, i), "a row is a sequence");
-        if (row == NULL)
-            goto fail;
-        total += 8;
-        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(row); j++) {
-            PyObject *value = PySequence_Fast_GET_ITEM(row, j);
-            Py_ssize_t size;
-            if (PyUnicode_CheckExact(value))
-                size = PyUnicode_GET_LENGTH(value);
-            else if (PyBytes_CheckExact(value))
-                size = PyBytes_GET_SIZE(value);
-            else if (value == Py_None || PyLong_CheckExact(value) || PyFloat_CheckExact(value))
-                size = 8;
-            else if ((size = PyObject_LengthHint(value, 8)) < 0) {
-                Py_DECREF(row);
-                goto fail;
-            }
-            total += size;
-        }
-        Py_DECREF(row);
-    }
-    Py_DECREF(outer);
-    return PyLong_FromSsize_t(total);
-fail:
-    Py_DECREF(outer);
-    return NULL;
 }
 
 /* ------------------------------------------------------------------ the tool-call parser */
@@ -504,9 +463,6 @@ static PyMethodDef methods[] = {
      "cell table shows."},
     {"parse_tool_call", parse_tool_call, METH_O,
      "The single tool call of a turn, as birdenv.tools' rule parses it."},
-    {"batch_bytes", batch_bytes, METH_O,
-     "batch_bytes(rows): about how many bytes the rows hold, as birdenv.replicas.session counts "
-     "them."},
     {"table", table, METH_VARARGS,
      "table(columns, rows): the header line and one line per row, joined by newlines."},
     {NULL, NULL, 0, NULL},
@@ -514,8 +470,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "birdenv._speedups",
-    "The observation table, the tool-call parser and a result's size in C (the rules are "
-    "birdenv.tools' and birdenv.replicas.session's)", -1, methods,
+    "The observation table and the tool-call parser in C (the rules are birdenv.tools')", -1,
+    methods,
 };
 
 PyMODINIT_FUNC PyInit__speedups(void)

@@ -593,7 +593,7 @@ def test_sigkill_mid_transaction_recovers_last_commit(base, tmp_path):
     with closing(sqlite3.connect(base)) as conn:
         base_dump = dump(conn)
     before = sha256(base)
-    from birdenv.replicas import _overlay
+    from birdenv.replicas.native import _overlay
 
     runs = []  # ten children at once, killed at staggered moments
     for attempt in range(10):
@@ -1052,7 +1052,7 @@ def test_file_level_fuzz(tmp_path, base_size, pages):
     """Random unaligned and page-sized writes (often of the twin session's or the base's bytes),
     reads, truncations, reopens, discards and a second handle, on two sessions vs mirrors; with
     shared pages also the store's books, and no store left after both are discarded."""
-    from birdenv.replicas import _overlay
+    from birdenv.replicas.native import _overlay
 
     rng = random.Random(base_size)
     base_path = tmp_path / "base.bin"

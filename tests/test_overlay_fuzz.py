@@ -196,7 +196,7 @@ def statements(draw: st.DrawFn, driver: str) -> list[str]:
 # A writer in another process that dies without closing: it loads only the VFS (not the package,
 # for speed), runs the script on the session and then on the reference, prints whether both
 # answered alike, and exits with the transaction (and its spilled pages) left behind.
-_EXTENSION = getattr(importlib.util.find_spec("birdenv.replicas._overlay"), "origin", None)
+_EXTENSION = getattr(importlib.util.find_spec("birdenv.replicas.native._overlay"), "origin", None)
 CRASH_CHILD = """
 import importlib.util, json, os, sqlite3, sys
 spec = importlib.util.spec_from_file_location("_overlay", sys.argv[1])

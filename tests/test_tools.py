@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+from c_extensions import c_extension
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -133,7 +134,7 @@ _VALUES = st.one_of(
 def test_the_c_table_is_the_rule(columns: list[str], rows: list) -> None:
     """``birdenv._speedups.table``, which formats every step's result, gives exactly the text of
     the rule in ``birdenv.tools`` (``_cell`` per value), and raises what it raises."""
-    speedups = pytest.importorskip("birdenv._speedups", reason="built without a C compiler")
+    speedups = c_extension("birdenv._speedups")
     from birdenv import tools
 
     assert tools._render_table is speedups.table  # what format_observation uses
@@ -144,19 +145,19 @@ def test_the_c_table_is_the_rule(columns: list[str], rows: list) -> None:
     rows=st.lists(st.tuples(_VALUES, _VALUES, _VALUES) | st.lists(_VALUES, max_size=4), max_size=5)
 )
 def test_the_c_byte_count_is_the_rule(rows: list) -> None:
-    """``birdenv._speedups.batch_bytes``, which counts every batch a session fetches against its
+    """``birdenv.replicas.native._sizes.batch_bytes``, which counts every batch a session fetches against its
     byte cap, counts what the rule counts: ``length_hint(value, 8)`` a value, 8 a row."""
-    speedups = pytest.importorskip("birdenv._speedups", reason="built without a C compiler")
+    sizes = c_extension("birdenv.replicas.native._sizes")
     from birdenv.replicas import session
 
-    assert session._batch_bytes is speedups.batch_bytes  # what fetch_capped uses
+    assert session._batch_bytes is sizes.batch_bytes  # what fetch_capped uses
     expected = sum(session._row_bytes(tuple(row)) for row in rows)
-    assert speedups.batch_bytes(rows) == session._rows_bytes(rows) == expected
-    assert speedups.batch_bytes(tuple(rows)) == expected
+    assert sizes.batch_bytes(rows) == session._rows_bytes(rows) == expected
+    assert sizes.batch_bytes(tuple(rows)) == expected
 
 
 def test_the_c_byte_count_raises_what_the_rule_raises() -> None:
-    speedups = pytest.importorskip("birdenv._speedups", reason="built without a C compiler")
+    sizes = c_extension("birdenv.replicas.native._sizes")
     from birdenv.replicas import session
 
     class Unmeasurable:
@@ -165,13 +166,13 @@ def test_the_c_byte_count_raises_what_the_rule_raises() -> None:
 
     for rows in ([5], [(Unmeasurable(),)], None):
         with pytest.raises((RuntimeError, TypeError)) as c_error:
-            speedups.batch_bytes(rows)
+            sizes.batch_bytes(rows)
         with pytest.raises(type(c_error.value)):
             session._rows_bytes(rows)
 
 
 def test_the_c_table_raises_what_the_rule_raises() -> None:
-    speedups = pytest.importorskip("birdenv._speedups", reason="built without a C compiler")
+    speedups = c_extension("birdenv._speedups")
     from birdenv import tools
 
     class Broken:
@@ -262,7 +263,7 @@ def _outcome(parse, text: str) -> object:
 def test_the_c_parser_is_the_rule(text: str) -> None:
     """``birdenv._speedups.parse_tool_call``, which parses every step's turn, returns the rule's
     call or raises its ToolCallError with the same message, whatever the turn."""
-    speedups = pytest.importorskip("birdenv._speedups", reason="built without a C compiler")
+    speedups = c_extension("birdenv._speedups")
     from birdenv import tools
 
     assert tools._parse is speedups.parse_tool_call  # what parse_tool_call uses
@@ -280,7 +281,7 @@ def test_the_c_parser_reads_calls_as_written_like_the_rule(
 ) -> None:
     """The canonical ``execute_sql`` call, as ``format_tool_call`` writes it (the C parser's
     short path), and the same with anything after it in the block: the rule's outcome."""
-    speedups = pytest.importorskip("birdenv._speedups", reason="built without a C compiler")
+    speedups = c_extension("birdenv._speedups")
     from birdenv import tools
 
     body = json.dumps({"name": "execute_sql", "arguments": {"sql": sql}}, ensure_ascii=ascii_only)
@@ -311,3 +312,19 @@ print(tools.format_observation(Result(["a"], [(None,)], 1, False, None, 0.0)))
     lines = out.stdout.splitlines()
     assert lines[0].startswith("the C extension birdenv._speedups is not built")
     assert lines[1:] == ["SELECT 1", "status: ok", "rows: 1", "| a |", "| NULL |"]
+
+
+def test_without_the_c_byte_count_the_rule_counts() -> None:
+    """An install without a C compiler counts a fetched batch's bytes with the session's rule."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+sys.modules["birdenv.replicas.native._sizes"] = None  # what a build without a compiler leaves
+from birdenv.replicas import session
+assert session._batch_bytes is session._rows_bytes
+print(session._batch_bytes([("abc", None), (b"12",)]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["29"]

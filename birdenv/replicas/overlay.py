@@ -40,7 +40,7 @@ _MODES = ("ro", "rw", "rwc")
 @functools.lru_cache(maxsize=1)
 def _load():
     """Import the extension and register the VFS (once); raises on any failure."""
-    from birdenv.replicas import _overlay
+    from birdenv.replicas.native import _overlay
 
     _overlay.register(VFS_NAME)
     return _overlay
@@ -56,7 +56,7 @@ def _probe() -> str | None:
     try:
         ext = _load()
     except ImportError as exc:
-        return f"the C extension birdenv.replicas._overlay is not built ({exc})"
+        return f"the C extension birdenv.replicas.native._overlay is not built ({exc})"
     except Exception as exc:  # a registration failure must not break importers
         return f"registering the SQLite VFS {VFS_NAME!r} failed: {exc!r}"
     try:

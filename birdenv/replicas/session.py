@@ -114,7 +114,7 @@ def _row_bytes(row: tuple[Any, ...]) -> int:
 
 
 def _rows_bytes(rows: list[tuple[Any, ...]]) -> int:
-    """:func:`_row_bytes` summed over ``rows``: the rule ``birdenv._speedups.batch_bytes`` follows."""
+    """:func:`_row_bytes` summed over ``rows``: the rule ``birdenv.replicas.native._sizes.batch_bytes`` follows."""
     return sum(map(_row_bytes, rows))
 
 
@@ -122,9 +122,11 @@ def _rows_bytes(rows: list[tuple[Any, ...]]) -> int:
 # special methods for every number and NULL (~1 us of a one-row step's 14). Without a C compiler at
 # install time the rule counts.
 try:
-    from birdenv._speedups import batch_bytes as _batch_bytes
+    from birdenv.replicas.native import _sizes
 except ImportError:
     _batch_bytes = _rows_bytes
+else:
+    _batch_bytes = _sizes.batch_bytes
 
 
 def _result_bytes(sql: str, result: Result) -> int:

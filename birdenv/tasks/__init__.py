@@ -12,7 +12,10 @@ Tasks are data: they never import a judge. :func:`birdenv.judge.score` judges a 
 judge of the task's kind and dialect.
 """
 
-from birdenv.tasks.bird import BIRD_SUITES, DIFFICULTIES, BirdTask, load_bird
+from __future__ import annotations
+
+from typing import Any
+
 from birdenv.tasks.critic import (
     CATEGORIES,
     Task,
@@ -42,3 +45,15 @@ __all__ = [
     "split_sql_field",
     "task_kinds",
 ]
+
+# The BIRD kind loads when first asked for: ``import birdenv`` (every judging worker, every CLI
+# call) needs only the protocol, the debugging kind and the loaders.
+_BIRD = ("BIRD_SUITES", "DIFFICULTIES", "BirdTask", "load_bird")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BIRD:
+        from birdenv.tasks import bird
+
+        return getattr(bird, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

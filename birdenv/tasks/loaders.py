@@ -7,7 +7,6 @@ from typing import Any
 
 from birdenv.errors import UnknownSuiteError
 from birdenv.rows import read_rows
-from birdenv.tasks.bird import BirdTask
 from birdenv.tasks.critic import Task
 from birdenv.tasks.protocol import BaseTask
 
@@ -16,6 +15,8 @@ __all__ = ["load_tasks", "source_kind", "task_kinds"]
 
 def task_kinds() -> tuple[type[BaseTask], ...]:
     """Every kind of task, the most specific first: :class:`~birdenv.tasks.BirdTask`, :class:`~birdenv.tasks.Task`."""
+    from birdenv.tasks.bird import BirdTask  # on first use: `import birdenv` stays light
+
     return (BirdTask, Task)
 
 

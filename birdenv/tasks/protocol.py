@@ -9,9 +9,8 @@ judge by the task's :attr:`~BaseTask.kind` and :attr:`~BaseTask.dialect`.
 from __future__ import annotations
 
 import abc
-import dataclasses
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 __all__ = ["BaseTask", "Judgement", "Mentions"]
 
@@ -36,8 +35,7 @@ class Judgement(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-@dataclasses.dataclass(frozen=True)
-class Mentions:
+class Mentions(NamedTuple):
     """What a task says that names tables of its database (what a linked schema prompt keeps).
 
     ``sql``: statements whose referenced tables the task names (a debugging task's issue SQL);

@@ -1,5 +1,5 @@
 /*
- * birdenv.replicas._overlay: a copy-on-write page-overlay SQLite VFS.
+ * birdenv.replicas.native._overlay: a copy-on-write page-overlay SQLite VFS.
  *
  * One session = a private sparse file P (same byte layout as the logical database), a side file
  * P-ovl (header + block bitmap) and a read-only base file B named by the `base=` URI parameter.
