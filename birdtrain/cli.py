@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from birdenv.schema import SCHEMA_MODES
-from birdtrain.config import PRESETS, STAGES, EvalConfig
+from birdtrain.config import PRESETS, STAGES, EvalConfig, EvaluationConfig
 
 __all__ = ["main"]
 
@@ -136,10 +136,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     policy = policy or "scripted"
     out_dir = Path(args.out)
     with hold(out_dir), working_on(out_dir, "the evaluation"):
-        summary = evaluate_policy(
-            policy,
-            tasks=tasks,
-            out_dir=out_dir,
+        config = EvaluationConfig(
             mode=args.mode,
             n=args.n,
             temperature=args.temperature,
@@ -161,6 +158,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                 max_context=args.max_context, gpu_memory_utilization=args.gpu_memory_utilization
             ).engine_options(),
         )
+        summary = evaluate_policy(policy, tasks=tasks, out_dir=out_dir, config=config)
     print(summary["table"])
     return 0
 
@@ -403,11 +401,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``birdtrain`` command.
 
     Bad input (a file, a value, a name; a directory another process writes; a damaged file) ends
-    in one line on stderr and exit status 2. SIGINT and SIGTERM end in one line saying what was
+    in one line on stderr and exit status 2, and so does a command that needs an extra which is
+    not installed (the line names it). SIGINT and SIGTERM end in one line saying what was
     interrupted, what is kept and that the same command resumes, with exit status 130 or 143.
     ``-v`` shows the traceback instead, and the libraries' own progress bars and logs.
     """
     from birdenv.errors import BirdEnvError
+    from birdtrain import missing_extra
     from birdtrain.endpoint import TeacherError
     from birdtrain.rundir import interrupted_message, interrupted_status, raise_on_sigterm
 
@@ -423,6 +423,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"birdtrain: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, TeacherError) else 2
+    except ModuleNotFoundError as exc:
+        missing = missing_extra(exc)  # an optional dependency: name the extra that installs it
+        if args.verbose or missing is None:
+            raise
+        print(f"birdtrain: {missing}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:
         if args.verbose:
             raise

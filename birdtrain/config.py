@@ -23,6 +23,7 @@ __all__ = [
     "CurriculumConfig",
     "DataConfig",
     "EvalConfig",
+    "EvaluationConfig",
     "GRPOSettings",
     "GRPOStageConfig",
     "ModelConfig",
@@ -418,6 +419,74 @@ class AgenticConfig(GRPOSettings):
 
 
 @dataclasses.dataclass
+class EvaluationConfig:
+    """How one evaluation plays, scores and labels its episodes
+    (:func:`birdtrain.evaluate.evaluate_policy`; ``birdtrain eval``'s options).
+
+    The curriculum's evaluations get theirs from :meth:`EvalConfig.evaluation`.
+    """
+
+    mode: str = _field(
+        "agent",
+        "'agent' (tools over several turns, the paper's metric) or 'single' (one <solution>)",
+    )
+    n: int = _field(1, "samples per task (pass@k for k = 1 and n; n > 1 needs temperature > 0)")
+    temperature: float = _field(0.0, "0: greedy")
+    max_turns: int = _field(5, "assistant turns per episode (agent mode)")
+    max_new_tokens: int = _field(512, "tokens per assistant turn (the whole answer in single mode)")
+    num_envs: int = _field(
+        8,
+        "episodes played at once: the vector env's environments (or worker threads) in agent "
+        "mode, the prompts of each generated batch in single mode",
+    )
+    label: str | None = _field(
+        None, "the name results go under; None: the policy's (an endpoint's model, a folder name)"
+    )
+    suite: str = _field("tasks", "the name of the tasks' suite or file, for the table and summary")
+    store_dir: str | None = _field(
+        None, "the trajectory store's folder; None: the evaluation's output folder"
+    )
+    engine: str = _field(
+        "auto",
+        "a local model's engine: 'vllm', 'transformers', or 'auto' (vLLM when installed and CUDA "
+        "is present)",
+    )
+    prompt: Any = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "the prompt setting (birdenv.schema.PromptOptions, or a mapping of some of its "
+            "options over the checkpoint's); None: the one a training stage recorded in the "
+            "checkpoint, else the benchmark's full schema. It must be the one the policy was "
+            "trained with"
+        },
+    )
+    task_set: str = _field(
+        "heldout",
+        "'heldout' or 'train': which tasks these are, for the report (the summary's split)",
+    )
+    ray: bool = _field(
+        False,
+        "use the Ray cluster at RAY_ADDRESS (else a local Ray): a local model's episodes in a Ray "
+        "vector env, single answers judged by Ray workers",
+    )
+    max_context: int = _field(
+        32768, "tokens of context per episode; an agent's episode that fills it ends there"
+    )
+    engine_options: dict[str, Any] | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "keywords of the vLLM engine (gpu_memory_utilization, max_model_len, "
+            "enforce_eager)"
+        },
+    )
+    dtype: str = _field(
+        "float32",
+        "what a local model computes in with the transformers engine ('bfloat16': under autocast, "
+        "as a stage trained with it samples)",
+    )
+
+
+@dataclasses.dataclass
 class EvalConfig:
     """Evaluation before the curriculum and after the stages it names.
 
@@ -464,6 +533,20 @@ class EvalConfig:
         "the share of the GPU's memory the vLLM engine takes (its weights, then KV cache); it must "
         "be free when the engine starts (see CurriculumConfig.isolate)",
     )
+
+    def evaluation(self, mode: str, **fields: Any) -> EvaluationConfig:
+        """The settings of one of the curriculum's evaluations in ``mode``; ``fields`` are the
+        rest of :class:`EvaluationConfig`'s (its label, suite, prompt setting, dtype, ...)."""
+        return EvaluationConfig(
+            mode=mode,
+            max_turns=self.max_turns,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            num_envs=self.num_envs,
+            max_context=self.max_context,
+            engine_options=self.engine_options(),
+            **fields,
+        )
 
     def engine_options(self) -> dict[str, Any]:
         """The keywords an evaluation's vLLM engine starts with."""

@@ -41,6 +41,7 @@ def estimate_pass_rates(
     and tasks; otherwise samples (:func:`birdtrain.evaluate.evaluate_policy` with ``n`` samples
     per task, its files under ``run_dir/difficulty/<stage>/``) and writes it.
     """
+    from birdtrain.config import EvaluationConfig
     from birdtrain.evaluate import evaluate_policy, read_verdicts
     from birdtrain.stages.common import sampling_dtype
 
@@ -63,6 +64,19 @@ def estimate_pass_rates(
     for task in tasks:
         kinds.setdefault(type(task), []).append(task)
     k = s.difficulty_samples
+    settings = EvaluationConfig(
+        mode=mode,
+        n=k,
+        temperature=s.temperature,
+        max_turns=getattr(s, "max_turns", 1),
+        max_new_tokens=s.max_completion_length if mode == "single" else s.max_new_tokens,
+        label=f"difficulty-{stage}",
+        prompt=cfg.prompt.options(),
+        # An agent's rollouts end where the stage's do; a vLLM engine starts as evaluations' do.
+        **({"max_context": s.max_context} if mode == "agent" else {}),
+        engine_options=cfg.eval.engine_options(),
+        dtype=sampling_dtype(cfg.model),
+    )
     for n, group in enumerate(kinds.values()):
         size = s.difficulty_chunk or len(group)
         for part, start in enumerate(range(0, len(group), size)):
@@ -71,25 +85,7 @@ def estimate_pass_rates(
             rows = _finished_part(out_dir, str(model_path), k, chunk)
             if rows is None:
                 shutil.rmtree(out_dir, ignore_errors=True)  # an interrupted try's trajectories
-                evaluate_policy(
-                    str(model_path),
-                    tasks=chunk,
-                    out_dir=out_dir,
-                    mode=mode,
-                    n=k,
-                    temperature=s.temperature,
-                    max_turns=getattr(s, "max_turns", 1),
-                    max_new_tokens=s.max_completion_length
-                    if mode == "single"
-                    else s.max_new_tokens,
-                    label=f"difficulty-{stage}",
-                    prompt=cfg.prompt.options(),
-                    # An agent's rollouts end where the stage's do; a vLLM engine starts as
-                    # evaluations' do.
-                    **({"max_context": s.max_context} if mode == "agent" else {}),
-                    engine_options=cfg.eval.engine_options(),
-                    dtype=sampling_dtype(cfg.model),
-                )
+                evaluate_policy(str(model_path), tasks=chunk, out_dir=out_dir, config=settings)
                 rows = read_verdicts(out_dir)
             for row in rows:
                 passed[row["instance_id"]] += row["status"] == "success"

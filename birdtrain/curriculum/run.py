@@ -575,18 +575,14 @@ def _evaluate_on(
             model_path,
             tasks=tasks,
             out_dir=out_dir,
-            mode=mode,
-            max_turns=cfg.eval.max_turns,
-            max_new_tokens=cfg.eval.max_new_tokens,
-            temperature=cfg.eval.temperature,
-            num_envs=cfg.eval.num_envs,
-            label=label,
-            suite=suite,
-            prompt=cfg.prompt.options(),
-            task_set="train" if suite == "training" else "heldout",
-            max_context=cfg.eval.max_context,
-            engine_options=cfg.eval.engine_options(),
-            dtype=sampling_dtype(cfg.model),
+            config=cfg.eval.evaluation(
+                mode,
+                label=label,
+                suite=suite,
+                prompt=cfg.prompt.options(),
+                task_set="train" if suite == "training" else "heldout",
+                dtype=sampling_dtype(cfg.model),
+            ),
         )
 
 

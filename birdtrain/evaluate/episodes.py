@@ -1,0 +1,306 @@
+"""The episode players: reference agents and endpoints in plain environments on threads, local
+models in a vector environment through :func:`birdtrain.rollout.collect`, and single answers."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable
+from typing import Any
+
+from birdenv.tasks import Task
+from birdenv.tasks.bird import BirdTask
+from birdtrain.config import EvaluationConfig
+from birdtrain.policies import EndpointPolicy
+from birdtrain.rollout import Episode
+from birdtrain.timeline import Timeline
+
+__all__ = ["REFERENCE_POLICIES", "Act", "play_episodes"]
+
+#: The reference policies: agents that need no model.
+REFERENCE_POLICIES = ("oracle", "echo", "scripted")
+# An agent: the next turn from the last observation and info (``info["messages"]``).
+Act = Callable[[str, dict[str, Any]], str]
+
+
+# -- agents that act in a plain env, one per worker thread --------------------------------------
+def _reference_agent(policy: str, max_turns: int) -> Callable[[Task], Act]:
+    """``oracle`` and ``echo`` are :mod:`birdenv.agents` (on BIRD questions,
+    :func:`birdtrain.data.bird.bird_reference_turns`); ``scripted`` is stage 2's offline expert,
+    which explores with real evidence before it submits the known fix (or the gold query)."""
+    from birdenv.agents import AGENTS
+    from birdenv.replicas.pool import default_pool
+    from birdtrain.data.bird import BirdExpert, bird_reference_turns, gather_bird_evidence
+    from birdtrain.data.evidence import gather_evidence
+    from birdtrain.data.tool_use import OfflineExpert
+
+    def agent(task: Task) -> Act:
+        bird = isinstance(task, BirdTask)
+        if policy == "scripted" and bird:
+            return BirdExpert(task, gather_bird_evidence(task, default_pool()), max_turns).act
+        if policy == "scripted":
+            return OfflineExpert(task, gather_evidence(task, default_pool()), max_turns).act
+        planned = iter(bird_reference_turns(policy, task) if bird else AGENTS[policy]().turns(task))
+        return lambda observation, info: next(planned)
+
+    return agent
+
+
+def _play(
+    env: Any,
+    task: Task,
+    sample: int,
+    agent: Callable[[Task], Act],
+    max_turns: int,
+    timeline: Timeline,
+) -> Episode:
+    """One episode of ``task`` in ``env``; the agent's time is generation, the env's environment."""
+    episode = Episode(task_id=task.instance_id, group=sample)
+
+    def timed(kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        end = time.perf_counter()
+        timeline.add(kind, start, end)
+        if kind == "generation":
+            episode.generation_s += end - start
+        else:
+            episode.env_s += end - start
+        return result
+
+    act = timed("generation", agent, task)
+    observation, info = timed("env", env.reset, options={"task_id": task.instance_id})
+    for _ in range(max_turns):
+        turn = timed("generation", act, observation, info)
+        observation, episode.reward, terminated, truncated, info = timed("env", env.step, turn)
+        episode.statement_s.append(info.get("elapsed"))
+        episode.turns += 1
+        if terminated or truncated:
+            break
+    stepped = time.perf_counter()
+    episode.messages, episode.verdict = info["messages"], info.get("verdict")
+    timeline.add_judge(episode.verdict, stepped)  # the judge ran at the end of the last step
+    return episode
+
+
+def _endpoint_agent(
+    policy: str, *, max_new_tokens: int, temperature: float
+) -> Callable[[Task], Act]:
+    """An OpenAI-compatible model as an agent: it reads the env's conversation each turn."""
+    endpoint = EndpointPolicy.from_spec(policy)
+
+    def act(observation: str, info: dict[str, Any]) -> str:
+        return endpoint.turn(
+            info["messages"], max_new_tokens=max_new_tokens, temperature=temperature
+        )
+
+    return lambda task: act
+
+
+def _threaded(
+    tasks: list[Task],
+    agent: Callable[[Task], Act],
+    timeline: Timeline,
+    *,
+    n: int,
+    num_envs: int,
+    max_turns: int,
+    prompt: Any,
+    on_episode: Callable[[Episode], None],
+) -> list[Episode]:
+    """``n`` episodes of every task, one plain env per worker thread (sharing one replica pool),
+    with the prompt setting ``prompt``; ``on_episode`` sees each as it ends."""
+    from birdenv.envs import env_class_for
+
+    env_class = env_class_for(type(tasks[0]))
+    jobs = [(t, s) for t in tasks for s in range(n)]
+
+    def worker(chunk: list[tuple[Task, int]]) -> list[Episode]:
+        env = env_class(tasks=tasks, prompt_options=prompt)
+        episodes = []
+        try:
+            for task, sample in chunk:
+                episodes.append(_play(env, task, sample, agent, max_turns, timeline))
+                on_episode(episodes[-1])
+        finally:
+            env.close()
+        return episodes
+
+    chunks = [jobs[i::num_envs] for i in range(min(num_envs, len(jobs)))]
+    with concurrent.futures.ThreadPoolExecutor(len(chunks)) as pool:
+        return [e for part in pool.map(worker, chunks) for e in part]
+
+
+# -- local models --------------------------------------------------------------------------------
+def _model_episodes(
+    model_path: str,
+    tasks: list[Task],
+    *,
+    n: int,
+    max_turns: int,
+    max_new_tokens: int,
+    temperature: float,
+    num_envs: int,
+    engine: str,
+    prompt: Any,
+    timeline: Timeline,
+    ray: bool,
+    max_context: int,
+    engine_options: dict[str, Any] | None,
+    dtype: str,
+    on_episode: Callable[[Episode], None],
+) -> list[Episode]:
+    """A local model as an agent, rolled out through a vector env exactly as in stage 4 (with
+    ``ray``: a Ray vector env over the cluster); ``on_episode`` sees each episode as it ends."""
+    from birdenv.vector import make_vec
+    from birdtrain.policies import generation_policy
+    from birdtrain.rollout import VECTOR_KWARGS, collect
+
+    # The env workers fork before the engine starts: a vLLM engine's threads, sockets and locks
+    # do not survive a fork.
+    envs = make_vec(
+        min(num_envs, len(tasks) * n),
+        tasks=tasks,
+        backend="ray" if ray else ("async" if num_envs > 1 else "sync"),
+        max_episode_steps=max_turns,
+        prompt_options=prompt,
+        vector_kwargs=VECTOR_KWARGS,
+    )
+    try:
+        generator = generation_policy(
+            model_path, engine=engine, engine_options=engine_options, dtype=dtype
+        )
+        rollouts = collect(
+            envs,
+            generator,
+            [t.instance_id for t in tasks],
+            num_generations=n,
+            max_turns=max_turns,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            max_context=max_context,
+            on_episode=on_episode,
+        )
+    finally:
+        envs.close()
+    timeline.extend(rollouts.timeline)
+    return list(rollouts)
+
+
+def _single_episodes(
+    policy: str,
+    tasks: list[Task],
+    *,
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    engine: str,
+    prompt: Any,
+    timeline: Timeline,
+    engine_options: dict[str, Any] | None,
+    dtype: str,
+    num_envs: int,
+    on_episode: Callable[[Episode], None],
+) -> list[Episode]:
+    """One ``<solution>`` per sample from a model or an endpoint (not judged yet), a model's
+    generated ``num_envs`` prompts at a time; ``on_episode`` sees each answer as it comes."""
+    from birdtrain.prompts import parse_solution, single_turn_prompt
+
+    jobs = [(t, s) for t in tasks for s in range(n)]
+    prompts = [[{"role": "user", "content": single_turn_prompt(t, prompt)}] for t, _ in jobs]
+    episodes: list[Episode] = []
+
+    def answered(text: str) -> None:
+        (task, sample), messages = jobs[len(episodes)], prompts[len(episodes)]
+        episodes.append(
+            Episode(
+                task_id=task.instance_id,
+                group=sample,
+                messages=[*messages, {"role": "assistant", "content": text}],
+                pred_sqls=parse_solution(text),
+                turns=1,
+            )
+        )
+        on_episode(episodes[-1])
+
+    if policy.startswith(EndpointPolicy.PREFIX):
+        endpoint = EndpointPolicy.from_spec(policy)
+        with timeline.span("generation"):
+            for p in prompts:
+                answered(endpoint.answer(p, max_new_tokens=max_new_tokens, temperature=temperature))
+        return episodes
+    from birdtrain.policies import generation_policy
+
+    generator = generation_policy(policy, engine=engine, engine_options=engine_options, dtype=dtype)
+    tokenizer = generator.tokenizer
+    with timeline.span("generation"):
+        for i in range(0, len(prompts), num_envs):
+            batch = [
+                tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
+                for p in prompts[i : i + num_envs]
+            ]
+            # transformers 5 returns a BatchEncoding (a mapping, not a dict) for tokenize=True.
+            batch = [list(ids["input_ids"] if hasattr(ids, "keys") else ids) for ids in batch]
+            for ids, _ in generator.generate(
+                batch, max_new_tokens=max_new_tokens, temperature=temperature
+            ):
+                answered(tokenizer.decode(ids, skip_special_tokens=True))
+    return episodes
+
+
+def play_episodes(
+    policy: str,
+    tasks: list[Task],
+    config: EvaluationConfig,
+    *,
+    timeline: Timeline,
+    on_episode: Callable[[Episode], None],
+) -> list[Episode]:
+    """The policy's episodes under ``config`` (its ``prompt`` resolved to the setting to play
+    with): answers (single mode), or agents in envs (reference policies and endpoints in plain
+    envs on threads, local models in a vector env through ``collect``); ``on_episode`` sees each
+    as it ends."""
+    c = config
+    sampling = {"max_new_tokens": c.max_new_tokens, "temperature": c.temperature}
+    if c.mode == "single":
+        return _single_episodes(
+            policy,
+            tasks,
+            n=c.n,
+            engine=c.engine,
+            prompt=c.prompt,
+            engine_options=c.engine_options,
+            dtype=c.dtype,
+            num_envs=c.num_envs,
+            timeline=timeline,
+            on_episode=on_episode,
+            **sampling,
+        )
+    threads = {
+        "n": c.n,
+        "num_envs": c.num_envs,
+        "max_turns": c.max_turns,
+        "prompt": c.prompt,
+        "on_episode": on_episode,
+    }
+    if policy in REFERENCE_POLICIES:
+        agent = _reference_agent(policy, c.max_turns)
+        return _threaded(tasks, agent, timeline, **threads)
+    if policy.startswith(EndpointPolicy.PREFIX):
+        return _threaded(tasks, _endpoint_agent(policy, **sampling), timeline, **threads)
+    return _model_episodes(
+        policy,
+        tasks,
+        n=c.n,
+        max_turns=c.max_turns,
+        num_envs=c.num_envs,
+        engine=c.engine,
+        prompt=c.prompt,
+        timeline=timeline,
+        ray=c.ray,
+        max_context=c.max_context,
+        engine_options=c.engine_options,
+        dtype=c.dtype,
+        on_episode=on_episode,
+        **sampling,
+    )
