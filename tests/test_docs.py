@@ -11,6 +11,7 @@ from __future__ import annotations
 import doctest
 import importlib.util
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,17 @@ def test_docs_hooks_doctests() -> None:
         spec.loader.exec_module(module)
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, path.name
+
+
+def test_no_tracked_file_names_a_path_of_one_machine() -> None:
+    """Docs, benchmarks and code name no folder of the machine they were written on."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    pattern = r"(^|[ `\"(=])/(work|root)/|/tmp/[A-Za-z0-9_.-]+\.py"
+    found = subprocess.run(
+        ["git", "grep", "-nE", pattern, "--", ".", ":!tests/test_docs.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert found.returncode == 1, found.stdout[:2000]  # 1: no match
