@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +149,17 @@ def train(trainer: Any) -> None:
     if last is not None:
         print(f"resuming from {last}")
     _quiet_steps(trainer)
-    trainer.train(resume_from_checkpoint=last)
+    with warnings.catch_warnings():
+        # TRL 1.16's GRPO wraps each generation in its disable_gradient_checkpointing, which calls
+        # transformers' old gradient_checkpointing_* names (deprecated from 5.24) whether or not
+        # checkpointing is on; the stages themselves use the installed release's name
+        # (checkpointing_keyword).
+        warnings.filterwarnings(
+            "ignore",
+            message=r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated",
+            category=FutureWarning,
+        )
+        trainer.train(resume_from_checkpoint=last)
 
 
 def _quiet_steps(trainer: Any) -> None:
