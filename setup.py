@@ -16,6 +16,14 @@ setup(
         Extension(
             "birdenv.replicas.native._overlay",
             sources=["birdenv/replicas/native/overlay.c"],
+            # overlay.c includes its parts: one translation unit (see overlay.h)
+            depends=[
+                "birdenv/replicas/native/overlay.h",
+                "birdenv/replicas/native/overlay_file.c",
+                "birdenv/replicas/native/overlay_pages.c",
+                "birdenv/replicas/native/overlay_vfs.c",
+                "birdenv/replicas/native/overlay_selftest.c",
+            ],
             libraries=["sqlite3"],
             extra_compile_args=["-O2", "-Wall"],
             optional=True,
