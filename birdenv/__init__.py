@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = ["ENV_IDS", "BirdEnvError", "Task", "__version__", "load_tasks"]
 
 #: Every environment id this package registers.
-ENV_IDS = ("BirdCritic-SQLite-v0", "BirdSQL-SQLite-v0")
+ENV_IDS = ("BirdCritic-SQLite-v0", "BirdSQL-SQLite-v0", "BirdCritic-PostgreSQL-v0")
 
 
 def _register() -> None:
@@ -48,6 +48,12 @@ def _register() -> None:
         register(
             id="BirdSQL-SQLite-v0",
             entry_point="birdenv.envs.bird_sql:BirdSQLEnv",
+            max_episode_steps=5,
+        )
+    if "BirdCritic-PostgreSQL-v0" not in registry:
+        register(
+            id="BirdCritic-PostgreSQL-v0",
+            entry_point="birdenv.envs.critic_pg:BirdCriticPgEnv",
             max_episode_steps=5,
         )
 

@@ -237,7 +237,12 @@ def test_import_birdenv_registers_in_either_order(imports: str) -> None:
         "print(ids, gym.__spec__.loader is gym.__loader__)\n"
     )
     done = _run_python(code)
-    assert done.stdout.split() == ["['BirdCritic-SQLite-v0',", "'BirdSQL-SQLite-v0']", "True"]
+    assert done.stdout.split() == [
+        "['BirdCritic-PostgreSQL-v0',",
+        "'BirdCritic-SQLite-v0',",
+        "'BirdSQL-SQLite-v0']",
+        "True",
+    ]
 
 
 def test_judging_does_not_import_gymnasium() -> None:

@@ -35,7 +35,12 @@ def test_sizes_categories_and_disjointness(both: dict) -> None:
     assert max(sizes) >= 100e6
 
 
-@pytest.mark.parametrize("suite", suites.names())
+@pytest.mark.parametrize(
+    "suite",
+    # The PostgreSQL suites take minutes (a clone per judgement): tests/test_postgres_env.py
+    # validates their own-feature tasks in the default run.
+    [pytest.param(s, marks=pytest.mark.slow) if s.endswith("-pg") else s for s in suites.names()],
+)
 def test_every_gold_passes_and_every_issue_fails(suite: str) -> None:
     assert main(["data", "validate", "--suite", suite, "--jobs", "2"]) == 0
 

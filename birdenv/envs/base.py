@@ -112,6 +112,13 @@ class ToolEnv(gym.Env[str, str]):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
     #: The kind of task this environment plays.
     task_type: ClassVar[type[BaseTask]]
+    #: The id this environment is registered under (default: its kind's).
+    env_id: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("env_id") and "task_type" in cls.__dict__:
+            cls.env_id = cls.task_type.env_id
 
     def __init__(
         self,
@@ -134,7 +141,7 @@ class ToolEnv(gym.Env[str, str]):
         if max_turns is not None:
             raise ArgumentError(
                 f"{name} takes no max_turns: a turn is a step, and the number of steps is "
-                f'Gymnasium\'s max_episode_steps: gym.make("{self.task_type.env_id}", '
+                f'Gymnasium\'s max_episode_steps: gym.make("{self.env_id}", '
                 f"max_episode_steps={max_turns})"
             )
         if suite is not None and tasks is not None:

@@ -130,6 +130,10 @@ def validate_tasks(
     first phase too, which fails the instance when the issue SQL passes the tests: one verdict
     checks both. ``progress`` wraps the verdict stream (a progress bar).
     """
+    if any(t.dialect.lower() == "postgresql" for t in tasks):
+        from birdenv.judge.postgres import validate_pg_tasks  # psycopg: PostgreSQL tasks only
+
+        return validate_pg_tasks(tasks, processes=processes)
     verdicts = progress(judge_many(((t, t.sol_sql) for t in tasks), processes=processes))
     problems = []
     for task, verdict in zip(tasks, verdicts, strict=True):

@@ -105,8 +105,36 @@ def _bird_many(
     )
 
 
+def _critic_pg_one(
+    task: Any,
+    sql_list: list[str] | str,
+    *,
+    pool: Any,
+    statement_timeout: float | None,
+    official: bool,
+) -> Judgement:
+    from birdenv.judge.postgres import judge_pg  # psycopg: only where PostgreSQL is used
+
+    return judge_pg(task, sql_list, pool=pool, statement_timeout=statement_timeout)
+
+
+def _critic_pg_many(
+    jobs: Iterable[Job],
+    *,
+    processes: int | None,
+    statement_timeout: float | None,
+    official: bool,
+    ray: bool,
+) -> Iterator[Judgement]:
+    from birdenv.judge.postgres import judge_pg_many
+
+    return judge_pg_many(jobs, processes=processes, statement_timeout=statement_timeout)
+
+
 _SCORERS: dict[tuple[str, str], Scorer] = {
     ("critic", "sqlite"): Scorer(_critic_one, _critic_many, statement_timeout=None),
+    # The official PostgreSQL evaluator sets 60 s (15 s for WITH RECURSIVE) on every statement.
+    ("critic", "postgresql"): Scorer(_critic_pg_one, _critic_pg_many, statement_timeout=60.0),
     # BIRD's evaluation scripts give each query 30 s (their `meta_time_out`).
     ("bird", "sqlite"): Scorer(_bird_one, _bird_many, statement_timeout=30.0),
 }

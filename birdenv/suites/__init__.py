@@ -47,6 +47,8 @@ FORMAT = 1
 SUITES = {
     "gym-mini": "training tasks (disjoint from critic-mini)",
     "critic-mini": "evaluation tasks in the style of BIRD-CRITIC-SQLite",
+    "gym-mini-pg": "training tasks on PostgreSQL (disjoint from critic-mini-pg)",
+    "critic-mini-pg": "evaluation tasks in the style of BIRD-CRITIC-PostgreSQL",
 }
 _TASKS_DIR = Path(__file__).with_name("tasks")
 

@@ -60,7 +60,7 @@ class Task(BaseTask):
     skill = "debugging"
     goal = "understand the user's issue and fix their problematic SQL, given the database schema"
     submission_rule = ""
-    suites = ("gym-mini", "critic-mini")
+    suites = ("gym-mini", "critic-mini", "gym-mini-pg", "critic-mini-pg")
     eval_suite = "critic-mini"
 
     instance_id: str

@@ -1,0 +1,79 @@
+"""``BirdCritic-PostgreSQL-v0``: the debugging environment on PostgreSQL."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, ClassVar
+
+from birdenv.envs.critic import BirdCriticEnv
+
+__all__ = ["BirdCriticPgEnv"]
+
+
+class BirdCriticPgEnv(BirdCriticEnv):
+    """
+    ## Description
+    ``BirdCritic-SQLite-v0``'s environment, tools, observations and protocol, on PostgreSQL: every
+    episode owns a database cloned from its task's template (leased ready from a pool, dropped in
+    the background when the episode ends), reached through a role that owns that database and
+    nothing else. Statements run as the official BIRD-CRITIC PostgreSQL evaluator runs them (each
+    committed; 60 s ``statement_timeout`` there, the env's ``statement_timeout`` here) under the
+    same row and byte caps, and a submission is judged by the official PostgreSQL evaluator's
+    phases (:mod:`birdenv.judge.postgres`). Needs the ``postgres`` extra and a PostgreSQL server:
+    the project starts its own from the binaries on the machine, or uses ``BIRDENV_PG_DSN``.
+
+    ```python
+    >>> import gymnasium as gym, birdenv
+    >>> env = gym.make("BirdCritic-PostgreSQL-v0")
+    >>> obs, info = env.reset(seed=0)
+    >>> env.unwrapped.session.execute("SELECT version()").rows[0][0].split()[0]
+    'PostgreSQL'
+    >>> env.close()
+
+    ```
+
+    ## Arguments
+    Those of ``BirdCritic-SQLite-v0``, with ``suite`` defaulting to ``"critic-mini-pg"``; tasks
+    from a file (``tasks=``) are played on PostgreSQL whatever dialect their rows name. With
+    ``db_dir``, each task's database is the SQLite file of the official layout, converted once
+    into a template (:mod:`birdenv.postgres.convert`); without it (``tasks=`` alone), the server's
+    own ``{db_id}_template`` database, as the official PostgreSQL images hold them. ``pool`` is a
+    :class:`birdenv.judge.postgres.TaskDatabases` to share (default: the process's), or
+    ``pool_options`` (``ready``, ``dsn``, ...) to build one.
+
+    ## Version History
+    - v0: initial release.
+    """
+
+    env_id: ClassVar[str] = "BirdCritic-PostgreSQL-v0"
+    #: The dialect of the tasks it plays.
+    dialect: ClassVar[str] = "PostgreSQL"
+
+    def __init__(
+        self,
+        suite: str | None = None,
+        *,
+        tasks: str | Path | list[Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if suite is None and tasks is None:
+            suite = "critic-mini-pg"
+        super().__init__(suite, tasks=tasks, **kwargs)
+        self.tasks = [
+            t if t.dialect.lower() == "postgresql" else dataclasses.replace(t, dialect="PostgreSQL")
+            for t in self.tasks
+        ]
+        self._by_id = {str(t.instance_id): t for t in self.tasks}
+
+    @property
+    def pool(self) -> Any:
+        """The :class:`~birdenv.judge.postgres.TaskDatabases` clones are leased from."""
+        from birdenv.judge.postgres import TaskDatabases, default_task_databases
+
+        if self._pool is None:
+            if self._pool_options:
+                self._pool, self._owns_pool = TaskDatabases(**self._pool_options), True
+            else:
+                self._pool = default_task_databases()
+        return self._pool

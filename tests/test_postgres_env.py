@@ -1,0 +1,126 @@
+"""BirdCritic-PostgreSQL-v0 and the PostgreSQL judge: episodes on clones, the official phases,
+the bundled PostgreSQL suites' own-feature tasks, and the official layout on the server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import pytest
+
+import birdenv
+from birdenv.judge import score
+from birdenv.judge.postgres import TaskDatabases, judge_pg, validate_pg_tasks
+from birdenv.tasks import load_tasks, parse_task
+from birdenv.tools import format_tool_call
+from tests.conftest import SHOP_SQL
+
+pytest.importorskip("psycopg")
+
+
+def call(name: str, **arguments: Any) -> str:
+    return format_tool_call(name, **arguments)
+
+
+@pytest.fixture(scope="module")
+def pg_tasks() -> dict[str, Any]:
+    tasks = load_tasks("critic-mini-pg") + load_tasks("gym-mini-pg")
+    return {t.instance_id: t for t in tasks}
+
+
+@pytest.fixture(scope="module")
+def databases(pg_pool: Any) -> TaskDatabases:
+    return TaskDatabases(pg_pool)
+
+
+def test_an_episode_persists_its_writes_and_is_judged_by_the_postgresql_judge() -> None:
+    env = gym.make("BirdCritic-PostgreSQL-v0")
+    try:
+        obs, info = env.reset(options={"task_id": "pg_bank_jsonb"})
+        assert info["db_id"] == "bank_finance" and "JSONB" in obs
+        # preprocess_sql ran: the prefs column is there, for this episode
+        observation = env.step(
+            call("execute_sql", sql="SELECT prefs ->> 'lang' FROM clients LIMIT 1")
+        )[0]
+        assert "status: ok" in observation
+        assert "status: ok" in env.step(call("execute_sql", sql="CREATE TABLE scratch (n int)"))[0]
+        assert "status: ok" in env.step(call("execute_sql", sql="SELECT count(*) FROM scratch"))[0]
+        bad = env.step(
+            call("execute_sql", sql="SELECT count(*) FROM clients WHERE prefs -> 'lang' = 'en'")
+        )[0]
+        assert "status: error" in bad and "json" in bad
+        task = env.unwrapped.task
+        _, reward, terminated, _, info = env.step(call("submit_solution", sql_list=task.sol_sql))
+        assert terminated and reward == 1.0 and info["verdict"]["status"] == "success"
+        env.reset(options={"task_id": "pg_bank_jsonb"})
+        _, reward, terminated, _, info = env.step(call("submit_solution", sql_list=task.issue_sql))
+        assert terminated and reward == 0.0 and info["verdict"]["phase"] == "prediction"
+    finally:
+        env.close()
+
+
+def test_the_tasks_using_postgresql_features_validate(
+    pg_tasks: dict, databases: TaskDatabases
+) -> None:
+    # gold passes and issue fails, for the new tasks on bank_finance (DISTINCT ON, generate_series,
+    # window frames, interval arithmetic, ON CONFLICT, JSONB, arrays, PL/pgSQL functions, triggers)
+    own = [t for i, t in sorted(pg_tasks.items()) if i.startswith("pg_bank_")]
+    assert len(own) >= 8
+    assert validate_pg_tasks(own, processes=2) == []
+
+
+def test_the_official_phases_and_quirks(pg_tasks: dict, databases: TaskDatabases) -> None:
+    task = pg_tasks["pg_bank_upsert"]
+    # a prediction that raises fails in the prediction phase; clean-up still runs
+    failed = judge_pg(task, ["INSERT INTO card_limits VALUES (1)"], pool=databases)
+    assert (failed.status, failed.phase, failed.tests_total) == ("failed", "prediction", 1)
+    # the first error stops the prediction: the second statement never runs
+    stopped = judge_pg(task, ["SELECT 1/0", *task.sol_sql], pool=databases)
+    assert stopped.phase == "prediction"
+    slow = judge_pg(task, ["SELECT pg_sleep(5)"], pool=databases, statement_timeout=0.3)
+    assert slow.phase == "timeout"
+    # without tests, the official PostgreSQL evaluator passes any prediction that runs
+    untested = parse_task(
+        {**task.to_dict(), "test_cases": [], "instance_id": "untested"}, db_dir=task.db_dir
+    )
+    assert judge_pg(untested, ["SELECT 1"], pool=databases).passed
+    assert not judge_pg(untested, ["SELEC 1"], pool=databases).passed
+    # the registry routes a task of this dialect here
+    assert score(task, task.sol_sql, pool=databases).passed
+
+
+def test_tasks_of_the_official_layout_are_judged_on_the_servers_own_templates(pg_pool: Any) -> None:
+    with pg_pool.server.admin() as admin:
+        admin.execute("DROP DATABASE IF EXISTS shop_template")
+        admin.execute("CREATE DATABASE shop_template")
+    with birdenv.postgres.server.psycopg().connect(
+        **pg_pool.server.connect_kwargs("shop_template"), autocommit=True
+    ) as db:
+        db.execute(SHOP_SQL)  # owned by the administrator, as root owns the official images' tables
+    with pg_pool.server.admin() as admin:
+        admin.execute("ALTER DATABASE shop_template WITH IS_TEMPLATE true ALLOW_CONNECTIONS false")
+    row = {  # an official PostgreSQL row: no dialect, selected_database, error_sql
+        "instance_id": "shop_pg_1",
+        "selected_database": "shop",
+        "query": "Customers without a city should be listed.",
+        "error_sql": ["SELECT name FROM customers WHERE city = NULL"],
+        "sol_sql": ["SELECT name FROM customers WHERE city IS NULL"],
+        "preprocess_sql": [],
+        "clean_up_sql": [],
+        "test_cases": [
+            "\ndef test_case(pred_sqls, sol_sqls, db_name, conn):\n"
+            "    result = ex_base(pred_sqls, sol_sqls, db_name, conn)\n"
+            "    assert result == 1\n    return result"
+        ],
+    }
+    task = parse_task(row)  # no db_dir: the server's own shop_template
+    databases = TaskDatabases(pg_pool)
+    try:
+        assert judge_pg(task, row["sol_sql"], pool=databases).passed
+        assert not judge_pg(task, row["error_sql"], pool=databases).passed
+        with databases.session(task) as session:  # the clone's role owns its tables
+            assert session.execute("DELETE FROM orders").ok
+    finally:
+        with pg_pool.server.admin() as admin:
+            admin.execute("ALTER DATABASE shop_template WITH IS_TEMPLATE false")
+            admin.execute("DROP DATABASE shop_template")
