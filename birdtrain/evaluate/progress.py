@@ -15,6 +15,7 @@ from typing import Any
 
 from birdenv.errors import OutputWriteError
 from birdtrain.rollout import Episode
+from birdtrain.rundir import settings_differ
 
 __all__ = ["PROGRESS_FILE", "EvaluationProgress"]
 
@@ -92,11 +93,7 @@ class EvaluationProgress:
             saved, self.id = header["settings"], str(header.get("id", self.id))
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             raise ValueError(f"{self.path}:1: not the progress of an evaluation") from None
-        differ = [
-            f"{key}: {saved.get(key)!r} there, {value!r} here"
-            for key, value in self.settings.items()
-            if saved.get(key) != value
-        ]
+        differ = settings_differ(saved, self.settings)
         if differ:
             raise ValueError(
                 f"{self.path} holds an interrupted evaluation with other settings "
