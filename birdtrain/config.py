@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ __all__ = [
     "PromptConfig",
     "SFTStageConfig",
     "load_config",
+    "parse_mixture",
 ]
 
 
@@ -108,6 +112,59 @@ class PromptConfig:
             raise ValueError(f"prompt: {exc}") from None
 
 
+_MIXTURE_PAIR = re.compile(r"^\s*([^:=,\s][^:=,]*?)\s*[:=]\s*([^,]+?)\s*$")
+
+
+def parse_mixture(value: Any) -> dict[str, float] | str | None:
+    """A mixture from configuration: a mapping, ``"auto"``, ``"name:w,name:w"`` text, or None.
+
+    Weights must be finite non-negative numbers, not all 0; they need not sum to 1.
+
+    >>> parse_mixture("gym-mini:0.7, bird-mini-train=0.3")
+    {'gym-mini': 0.7, 'bird-mini-train': 0.3}
+    >>> parse_mixture({"gym-mini": 3, "bird-mini-train": 1})
+    {'gym-mini': 3.0, 'bird-mini-train': 1.0}
+    >>> parse_mixture("auto"), parse_mixture(None)
+    ('auto', None)
+    >>> parse_mixture({"gym-mini": -1})
+    Traceback (most recent call last):
+    ...
+    ValueError: data.mixture: the weight of 'gym-mini' must be a finite number >= 0, got -1
+    """
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, str):
+        pairs = {}
+        for item in value.split(","):
+            match = _MIXTURE_PAIR.match(item)
+            if not match:
+                raise ValueError(
+                    f"data.mixture: cannot read {item.strip()!r}; write NAME:WEIGHT pairs "
+                    "separated by commas (gym-mini:0.7,bird-mini-train:0.3), a mapping, or auto"
+                )
+            pairs[match.group(1)] = match.group(2)
+        value = pairs
+    if not isinstance(value, Mapping) or not value:
+        raise ValueError(
+            "data.mixture must map task sources to weights, e.g. "
+            "{gym-mini: 0.7, bird-mini-train: 0.3}, or be 'auto'"
+        )
+    out: dict[str, float] = {}
+    for name, weight in value.items():
+        try:
+            number = float(weight)
+        except (TypeError, ValueError):
+            number = math.nan
+        if isinstance(weight, bool) or not math.isfinite(number) or number < 0:
+            raise ValueError(
+                f"data.mixture: the weight of {name!r} must be a finite number >= 0, got {weight!r}"
+            )
+        out[str(name)] = number
+    if sum(out.values()) <= 0:
+        raise ValueError("data.mixture: the weights are all 0")
+    return out
+
+
 @dataclasses.dataclass
 class DataConfig:
     """Where tasks come from, and the optional teacher for synthetic data."""
@@ -162,8 +219,6 @@ class DataConfig:
     )
 
     def __post_init__(self) -> None:
-        from birdtrain.data.mixture import parse_mixture
-
         self.mixture = parse_mixture(self.mixture)
         for key in ("mixture_holdout", "mixture_grid", "mixture_proxy_steps"):
             if getattr(self, key) < 1:

@@ -18,11 +18,11 @@ import pytest
 from birdenv.tasks import BirdTask, Task, load_tasks
 from birdenv.tools import format_tool_call
 from birdenv.vector import MixedTaskEnv, make_vec
-from birdtrain.config import load_config
+from birdtrain.config import load_config, parse_mixture
 from birdtrain.curriculum.mixture import candidate_weights, resolve_mixture
 from birdtrain.data import load_train_tasks
 from birdtrain.data.bird import bird_reference_turns, wrong_column_sql
-from birdtrain.data.mixture import apportion, mix_tasks, parse_mixture
+from birdtrain.data.mixture import apportion, mix_tasks
 from birdtrain.trajectory_store import TrajectoryStore
 
 MIX = {"gym-mini": 0.7, "bird-mini-train": 0.3}
