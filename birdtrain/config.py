@@ -271,7 +271,7 @@ def _check_save_steps(save_steps: int) -> None:
 _IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
-def _check_rl(stage: Any, name: str, sequences: int) -> None:
+def _check_rl(stage: GRPOSettings, name: str, sequences: int) -> None:
     """Settings every GRPO stage shares, checked with the fix in the message (``sequences``: the
     step's generation batch)."""
     _check_save_steps(stage.save_steps)

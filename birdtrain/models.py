@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from birdtrain.config import ModelConfig
+
 __all__ = [
     "SPECIAL_TOKENS",
     "build_smollm",
@@ -282,7 +284,7 @@ def load_policy(
     return model, tokenizer
 
 
-def lora_config(cfg: Any, model: Any = None) -> Any:
+def lora_config(cfg: ModelConfig, model: Any = None) -> Any:
     """A ``peft.LoraConfig`` when LoRA is on for this model (``cfg`` is a ``ModelConfig``), else None.
 
     With ``cfg.lora`` unset, LoRA is on for models over one billion parameters.

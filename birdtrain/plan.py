@@ -12,14 +12,18 @@ The estimate is arithmetic, not a measurement (GB = 10⁹ bytes):
   full fine-tuning, plus autocast's half copies during the forward; a LoRA base in the compute
   dtype, plus float32 adapters); gradients and AdamW's two moments in the trainable weights' dtype;
   the reference model (``beta > 0`` without LoRA) in the compute dtype;
-- activations per token, with gradient checkpointing: every layer's input (``hidden``) plus one
-  layer's tensors (``4·hidden + q + 2·kv + 3·ffn``) and their gradients, while that layer is
-  recomputed; without it, every layer's tensors. TRL scores completions with a fused LM head, so
-  no ``(tokens × vocabulary)`` logits are held. Sequences are taken at their longest;
+- activations per token, with gradient checkpointing: every layer's input (``hidden``) plus the
+  tensors one layer saves for its backward while it is recomputed; without it, every layer's.
+  What a layer saves was counted on real layers (:data:`SAVED_BYTES`: e.g. ~402 KB a token for a
+  Qwen2-7B layer with LoRA r=16 and dropout, ~680 KB a token in all under checkpointing). TRL
+  scores completions with a fused LM head, so no ``(tokens × vocabulary)`` logits are held.
+  Sequences are taken at their longest;
 - vLLM (colocated): ``vllm_gpu_memory_utilization`` of the card, holding its own copy of the
   weights in the compute dtype, a 4,096-token forward (TRL's ``max_num_batched_tokens``), and
   KV cache in the rest. With sleep mode its share is freed while the model trains, so training
-  and generation no longer add up.
+  and generation no longer add up. vLLM 0.31 captures its CUDA graphs inside that share (it
+  subtracts their profiled size from the KV cache), so the peak holds and the KV-token count is
+  an upper bound by the graphs' size.
 
 A stage fits when its peak stays under 90 % of the card (the rest: the CUDA context and
 fragmentation), and vLLM's KV cache holds at least one sequence of ``max_model_len``; a
@@ -35,7 +39,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from birdtrain.config import STAGES
+from birdtrain.config import STAGES, CurriculumConfig, ModelConfig
 from birdtrain.stages.common import (
     Precision,
     checkpointing_keyword,
@@ -43,7 +47,15 @@ from birdtrain.stages.common import (
     training_precision,
 )
 
-__all__ = ["KNOWN_MODELS", "ModelShape", "StagePlan", "format_plan", "model_shape", "plan"]
+__all__ = [
+    "KNOWN_MODELS",
+    "SAVED_BYTES",
+    "ModelShape",
+    "StagePlan",
+    "format_plan",
+    "model_shape",
+    "plan",
+]
 
 GB = 1e9
 #: Share of the card a plan may fill; the rest is the CUDA context and allocator fragmentation.
@@ -78,6 +90,22 @@ KNOWN_MODELS: dict[str, dict[str, Any]] = {
 }
 
 
+#: Bytes a decoder layer keeps per token for its backward, per unit of each of its dimensions
+#: (``hidden``, ``ffn``, ``q_dim``, ``kv_dim``, ``head_dim``, LoRA rank), keyed by (compute dtype's
+#: bytes, LoRA, LoRA dropout on). Counted on transformers' Llama and Qwen2 layers (SDPA attention,
+#: LoRA on every linear layer) with ``torch.autograd.graph.saved_tensors_hooks``, each storage
+#: once; ``tests/test_gpu.py`` counts a layer of another shape against them. Full fine-tuning keeps
+#: float32 weights under autocast; dropout keeps a copy of each adapter's input.
+SAVED_BYTES: dict[tuple[int, bool, bool], tuple[int, int, int, int, int, int]] = {
+    (2, False, False): (26, 8, 4, 4, 8, 0),
+    (4, False, False): (24, 16, 8, 8, 8, 0),
+    (2, True, False): (18, 8, 6, 4, 4, 14),
+    (2, True, True): (38, 12, 10, 4, 4, 14),
+    (4, True, False): (16, 16, 8, 8, 8, 28),
+    (4, True, True): (48, 20, 16, 8, 8, 28),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
     """What memory depends on: parameter counts and the sizes of one token's tensors."""
@@ -90,21 +118,42 @@ class ModelShape:
     ffn: int
     q_dim: int
     kv_dim: int
+    heads: int = 1
+    head_dim: int = 0
+    #: LoRA rank (0: no LoRA) and whether its dropout is on (it keeps each adapter's input).
+    lora_r: int = 0
+    lora_dropout: bool = False
 
     @property
     def lora(self) -> bool:
         """True when only adapters train."""
         return self.trainable != self.params
 
-    def layer_elements(self) -> int:
-        """Elements one decoder layer keeps per token for its backward."""
-        return 4 * self.hidden + self.q_dim + 2 * self.kv_dim + 3 * self.ffn
+    def layer_bytes(self, compute_bytes: int) -> int:
+        """Bytes one decoder layer keeps per token for its backward (:data:`SAVED_BYTES`)."""
+        key = (compute_bytes, self.lora, self.lora and self.lora_dropout)
+        hidden, ffn, q, kv, head_dim, rank = SAVED_BYTES[key]
+        return (
+            hidden * self.hidden
+            + ffn * self.ffn
+            + q * self.q_dim
+            + kv * self.kv_dim
+            + head_dim * self.head_dim
+            + rank * (self.lora_r if self.lora else 0)
+            + 4 * self.heads  # the attention's log-sum-exp, float32
+            + 8  # the position id
+        )
 
     def activation_bytes(self, compute_bytes: int, checkpointing: bool) -> int:
-        """Activation bytes per token of a training forward and backward."""
+        """Activation bytes per token of a training forward and backward: every layer's saved
+        tensors, or under checkpointing every layer's input (in the weights' dtype: float32
+        for full fine-tuning) and one layer's saved tensors while it is recomputed; plus two
+        gradients of the widest activation in flight during the backward."""
+        in_flight = 2 * self.ffn * compute_bytes
         if checkpointing:
-            return compute_bytes * (self.layers * self.hidden + 2 * self.layer_elements())
-        return compute_bytes * (self.layers + 1) * self.layer_elements()
+            stream = compute_bytes if self.lora else 4
+            return self.layers * self.hidden * stream + self.layer_bytes(compute_bytes) + in_flight
+        return self.layers * self.layer_bytes(compute_bytes) + in_flight
 
     def kv_bytes(self, compute_bytes: int) -> int:
         """KV-cache bytes per token (keys and values of every layer)."""
@@ -166,10 +215,14 @@ def _shape(name_or_path: str, lora: bool | None, r: int, alpha: int, dropout: fl
         ffn=text.intermediate_size,
         q_dim=heads * head_dim,
         kv_dim=(getattr(text, "num_key_value_heads", None) or heads) * head_dim,
+        heads=heads,
+        head_dim=head_dim,
+        lora_r=r if peft_config is not None else 0,
+        lora_dropout=peft_config is not None and dropout > 0,
     )
 
 
-def model_shape(model_cfg: Any) -> ModelShape:
+def model_shape(model_cfg: ModelConfig) -> ModelShape:
     """The :class:`ModelShape` of a :class:`~birdtrain.config.ModelConfig` (LoRA rule applied)."""
     m = model_cfg
     return _shape(m.name_or_path, m.lora, m.lora_r, m.lora_alpha, m.lora_dropout)
@@ -250,7 +303,8 @@ def training_memory(
 def vllm_kv_tokens(shape: ModelShape, share_gb: float, compute_bytes: int) -> int:
     """KV-cache tokens a vLLM engine of ``share_gb`` GB holds beside its weights and profile."""
     engine = shape.params * compute_bytes
-    profile = VLLM_PROFILE_TOKENS * shape.layer_elements() * compute_bytes
+    # The profile forward keeps no activations for a backward: one layer's worth of tensors.
+    profile = VLLM_PROFILE_TOKENS * shape.layer_bytes(compute_bytes)
     return max(0, int((share_gb * GB - engine - profile) // shape.kv_bytes(compute_bytes)))
 
 
@@ -290,7 +344,9 @@ def _grpo_plan(
     return result
 
 
-def plan(cfg: Any, *, gpu_gb: float = 80.0, bf16_supported: bool = True) -> list[StagePlan]:
+def plan(
+    cfg: CurriculumConfig, *, gpu_gb: float = 80.0, bf16_supported: bool = True
+) -> list[StagePlan]:
     """The :class:`StagePlan` of every enabled stage of ``cfg``, then of its evaluations (vLLM).
 
     The settings are those each stage would pass on a GPU of ``gpu_gb`` GB (bfloat16-capable
@@ -373,7 +429,7 @@ _COLUMNS = (
 )
 
 
-def format_plan(cfg: Any, plans: list[StagePlan]) -> str:
+def format_plan(cfg: CurriculumConfig, plans: list[StagePlan]) -> str:
     """The table ``birdtrain plan`` prints: memory per stage in GB, then each stage's settings."""
     shape = model_shape(cfg.model)
     gpu = plans[0].gpu_gb if plans else 0.0

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from birdtrain.config import CurriculumConfig
+
 __all__ = ["DifficultyError", "estimate_pass_rates", "filter_tasks", "select_tasks"]
 
 
@@ -33,7 +35,7 @@ class DifficultyError(ValueError):
 
 
 def estimate_pass_rates(
-    cfg: Any, stage: str, model_path: str, tasks: Sequence[Any], run_dir: Path
+    cfg: CurriculumConfig, stage: str, model_path: str, tasks: Sequence[Any], run_dir: Path
 ) -> dict[str, Any]:
     """Estimate the pass rate of every task in ``tasks`` for ``stage`` (``"stage3"``/``"stage4"``).
 
@@ -154,7 +156,7 @@ def select_tasks(
 
 
 def filter_tasks(
-    cfg: Any, stage: str, model_path: str, tasks: Sequence[Any], run_dir: Path
+    cfg: CurriculumConfig, stage: str, model_path: str, tasks: Sequence[Any], run_dir: Path
 ) -> list[Any]:
     """The training tasks of an RL stage: all of them, or with ``<stage>.difficulty_filter`` those
     of useful difficulty for the policy at ``model_path`` (estimated, or reused from the run)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from birdtrain.config import CurriculumConfig
 from birdtrain.data.mixture import load_sources, mix_tasks, split_holdout
 
 __all__ = [
@@ -92,7 +93,7 @@ def heldout_loss(
     return total / max(tokens, 1)
 
 
-def _stage1_examples(tasks: Sequence[Any], cfg: Any) -> dict[str, dict[str, Any]]:
+def _stage1_examples(tasks: Sequence[Any], cfg: CurriculumConfig) -> dict[str, dict[str, Any]]:
     """Stage-1 examples for ``tasks`` of either kind, by task id (offline or the teacher)."""
     from birdenv.tasks import BirdTask, Task
     from birdtrain.data import build_reasoning_examples, make_teacher
@@ -107,7 +108,9 @@ def _stage1_examples(tasks: Sequence[Any], cfg: Any) -> dict[str, dict[str, Any]
     return {e["task_id"]: e for e in examples}
 
 
-def choose_mixture(cfg: Any, out_dir: str | Path, *, model_path: str | None = None) -> dict:
+def choose_mixture(
+    cfg: CurriculumConfig, out_dir: str | Path, *, model_path: str | None = None
+) -> dict:
     """Estimate the mixture weights by short proxy runs scored on held-out tasks of every source.
 
     The estimate (``METHOD = "proxy-sft-heldout-loss"``):
@@ -218,7 +221,7 @@ def choose_mixture(cfg: Any, out_dir: str | Path, *, model_path: str | None = No
     return record
 
 
-def resolve_mixture(cfg: Any, run_dir: str | Path) -> dict[str, float] | None:
+def resolve_mixture(cfg: CurriculumConfig, run_dir: str | Path) -> dict[str, float] | None:
     """The run's mixture weights: as configured, or for ``auto`` the run's ``mixture.json``
     (estimated now with :func:`choose_mixture` when it is not there yet). Sets ``cfg.data.mixture``.
     """

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from birdenv.errors import ProcessDiedError
-from birdtrain.config import STAGES
+from birdtrain.config import STAGES, CurriculumConfig
 from birdtrain.rundir import (
     NO_EFFECT,
     command_line,
@@ -83,14 +83,18 @@ def _git_commit() -> str | None:
 
 
 @contextlib.contextmanager
-def open_run(cfg: Any, *, mixture: bool = True, restart_from: str | None = None) -> Iterator[Path]:
+def open_run(
+    cfg: CurriculumConfig, *, mixture: bool = True, restart_from: str | None = None
+) -> Iterator[Path]:
     """Hold the run directory as its one writer (a second fails naming this one) and prepare it
     (:func:`prepare_run`); yield it."""
     with hold(cfg.run_dir):
         yield prepare_run(cfg, mixture=mixture, restart_from=restart_from)
 
 
-def prepare_run(cfg: Any, *, mixture: bool = True, restart_from: str | None = None) -> Path:
+def prepare_run(
+    cfg: CurriculumConfig, *, mixture: bool = True, restart_from: str | None = None
+) -> Path:
     """Create or resume the run directory, its record in ``config.json`` kept honest.
 
     A new run records the configuration, the git commit and the Python version. A resumed run
@@ -226,7 +230,7 @@ def _fix(stage: str) -> str:
     return f"retrain {stage}: rerun the same command with --from {stage}"
 
 
-def _tasks(cfg: Any, which: str) -> list:
+def _tasks(cfg: CurriculumConfig, which: str) -> list:
     """The training tasks (a mixture's draw, or the train suite), the evaluation tasks (either
     kind), or ``"bird_eval"``: the BIRD questions scored for execution accuracy (may be empty)."""
     from birdenv.tasks import load_tasks
@@ -244,12 +248,12 @@ def _tasks(cfg: Any, which: str) -> list:
     return tasks[: cfg.eval.max_tasks] if cfg.eval.max_tasks else tasks
 
 
-def _rl_tasks(cfg: Any, stage: str) -> list:
+def _rl_tasks(cfg: CurriculumConfig, stage: str) -> list:
     """The training tasks an RL stage draws from: the first ``max_tasks`` of them, or all."""
     return _tasks(cfg, "train")[: getattr(cfg, stage).max_tasks]
 
 
-def _bird_eval_suite(cfg: Any) -> str | None:
+def _bird_eval_suite(cfg: CurriculumConfig) -> str | None:
     """``data.bird_eval_suite``; ``auto``: bird-mini-eval when training sees BIRD questions."""
     from birdenv.bird import BIRD_SUITES
 
@@ -273,7 +277,7 @@ def _is_bird_source(name: str) -> bool:
     return source_kind(name) is BirdTask
 
 
-def _resolve_mixture(cfg: Any, run_dir: Path) -> None:
+def _resolve_mixture(cfg: CurriculumConfig, run_dir: Path) -> None:
     """``data.mixture: auto`` becomes the weights of the run's ``mixture.json`` (estimated once)."""
     if cfg.data.mixture == "auto":
         from birdtrain.curriculum.mixture import resolve_mixture
@@ -288,7 +292,7 @@ def _resolve_mixture(cfg: Any, run_dir: Path) -> None:
         print(f"[mixture] weights: {weights} (evidence in {run_dir / 'mixture.json'})")
 
 
-def _isolates(cfg: Any) -> bool:
+def _isolates(cfg: CurriculumConfig) -> bool:
     """``cfg.isolate``; None: when CUDA is present (each process then starts on a clean GPU)."""
     if cfg.isolate is not None:
         return cfg.isolate
@@ -328,7 +332,9 @@ def _child(conn: Any, fn: Any, args: tuple, kwargs: dict) -> None:
     conn.send(("ok", result))
 
 
-def _isolated(cfg: Any, run_dir: Path, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+def _isolated(
+    cfg: CurriculumConfig, run_dir: Path, name: str, fn: Any, *args: Any, **kwargs: Any
+) -> Any:
     """``fn(*args, **kwargs)``, in a process of its own when :func:`_isolates` says so.
 
     The process is started fresh (``spawn``: it inherits no CUDA state, and none of this
@@ -380,7 +386,7 @@ def _isolated(cfg: Any, run_dir: Path, name: str, fn: Any, *args: Any, **kwargs:
     return value
 
 
-def synthesize(cfg: Any, run_dir: Path) -> dict[str, Any]:
+def synthesize(cfg: CurriculumConfig, run_dir: Path) -> dict[str, Any]:
     """Synthesize the stage-1 and stage-2 data into ``run_dir/data`` once; return the counts."""
     from birdtrain.data import synth
 
@@ -399,7 +405,7 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_stage(cfg: Any, stage: str, model_path: str, run_dir: Path) -> str:
+def run_stage(cfg: CurriculumConfig, stage: str, model_path: str, run_dir: Path) -> str:
     """Run one stage unless its DONE marker exists; return the checkpoint the next stage starts from."""
     out_dir = run_dir / stage
     done = out_dir / "DONE"
@@ -481,7 +487,7 @@ def _verify_input(run_dir: Path, model_path: str) -> None:
 
 
 def estimate_difficulty(
-    cfg: Any, stage: str, model_path: str | None = None
+    cfg: CurriculumConfig, stage: str, model_path: str | None = None
 ) -> tuple[dict[str, Any], list]:
     """Each training task's pass rate for ``stage`` under ``model_path`` (default: the checkpoint
     the stage starts from), reused from ``RUN_DIR/difficulty/<stage>.json`` when it was measured
@@ -497,7 +503,7 @@ def estimate_difficulty(
     return record, [t for t in tasks if 0 < rates[t.instance_id]["p"] < 1]
 
 
-def start_checkpoint(cfg: Any, run_dir: Path, before: str) -> str:
+def start_checkpoint(cfg: CurriculumConfig, run_dir: Path, before: str) -> str:
     """The checkpoint a stage starts from: the latest completed earlier stage, else the base model."""
     from birdtrain.models import resolve_model
 
@@ -507,7 +513,9 @@ def start_checkpoint(cfg: Any, run_dir: Path, before: str) -> str:
     return resolve_model(cfg.model.name_or_path)
 
 
-def _evaluate(cfg: Any, model_path: str, run_dir: Path, label: str) -> dict[str, Any] | None:
+def _evaluate(
+    cfg: CurriculumConfig, model_path: str, run_dir: Path, label: str
+) -> dict[str, Any] | None:
     """Every evaluation of one policy: each mode of ``eval.modes`` on the evaluation tasks, on
     the first ``eval.train_tasks`` training tasks, and on BIRD questions when there are any.
 
@@ -550,7 +558,7 @@ def _evaluate(cfg: Any, model_path: str, run_dir: Path, label: str) -> dict[str,
 
 
 def _evaluate_on(
-    cfg: Any,
+    cfg: CurriculumConfig,
     model_path: str,
     run_dir: Path,
     label: str,
@@ -586,7 +594,7 @@ def _evaluate_on(
         )
 
 
-def run_curriculum(cfg: Any, *, restart_from: str | None = None) -> dict[str, Any]:
+def run_curriculum(cfg: CurriculumConfig, *, restart_from: str | None = None) -> dict[str, Any]:
     """Run (or resume) stages 1→4, evaluating before and after the stages of ``eval.after``, as
     the run directory's one writer (see :func:`open_run`; ``restart_from``: a stage, or
     ``"eval"``, to redo from there, see :func:`prepare_run`).
@@ -598,7 +606,7 @@ def run_curriculum(cfg: Any, *, restart_from: str | None = None) -> dict[str, An
         return _run_curriculum(cfg, run_dir)
 
 
-def _run_curriculum(cfg: Any, run_dir: Path) -> dict[str, Any]:
+def _run_curriculum(cfg: CurriculumConfig, run_dir: Path) -> dict[str, Any]:
     from birdtrain.models import resolve_model
     from birdtrain.report import write_report
 

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from birdtrain.config import CurriculumConfig
 from birdtrain.data.reasoning import build_reasoning_examples
 from birdtrain.data.tool_use import build_tool_trajectories
 from birdtrain.endpoint import Teacher, TeacherError
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 
-def load_train_tasks(cfg: Any) -> list:
+def load_train_tasks(cfg: CurriculumConfig) -> list:
     """The training tasks of ``cfg.data``, debugging tasks and BIRD questions alike.
 
     With ``data.mixture`` weights: a seeded draw from the sources in those proportions
@@ -58,7 +59,7 @@ def load_train_tasks(cfg: Any) -> list:
     return tasks
 
 
-def make_teacher(cfg: Any) -> Teacher | None:
+def make_teacher(cfg: CurriculumConfig) -> Teacher | None:
     """The teacher of ``cfg.data`` (``teacher_url``, ``teacher_model``, key from the named variable), or None."""
     data = cfg.data
     if not data.teacher_url:
@@ -88,7 +89,7 @@ def _follow(tasks: list, examples: list[dict[str, Any]]) -> list[dict[str, Any]]
     return [e for t in tasks for e in by_task.get(t.instance_id, [])]
 
 
-def synth(cfg: Any, out_dir: str | Path) -> dict[str, Any]:
+def synth(cfg: CurriculumConfig, out_dir: str | Path) -> dict[str, Any]:
     """Write ``out_dir/stage1.jsonl`` and ``out_dir/stage2.jsonl`` for a curriculum config.
 
     Tasks come from ``cfg.data`` (train suite, ``max_train_tasks``); the teacher too, when

@@ -39,6 +39,7 @@ from typing import Any
 
 from birdenv.tasks import Task, load_tasks
 from birdtrain import rollout
+from birdtrain.config import AgenticConfig, CurriculumConfig
 from birdtrain.sampling import Group
 from birdtrain.stages.common import (
     Precision,
@@ -112,7 +113,7 @@ def _reward_of(traj: rollout.Episode, format_weight: float = 0.0) -> float | Non
 
 def make_rollout_func(
     envs: Any,
-    stage: Any,
+    stage: AgenticConfig,
     policy: Any = None,
     store: Any = None,
     categories: dict | None = None,
@@ -288,7 +289,7 @@ def make_reward_func() -> Any:
     return env_reward
 
 
-def trainer_arguments(cfg: Any, out_dir: Path, precision: Precision) -> dict[str, Any]:
+def trainer_arguments(cfg: CurriculumConfig, out_dir: Path, precision: Precision) -> dict[str, Any]:
     """The ``GRPOConfig`` keywords of stage 4 (what ``birdtrain plan`` prints, too).
 
     ``rollout_func`` receives the step's whole generation batch (tasks x group) at once.
@@ -307,7 +308,7 @@ def trainer_arguments(cfg: Any, out_dir: Path, precision: Precision) -> dict[str
     }
 
 
-def _load_tasks(tasks: Any, cfg: Any) -> list[Task]:
+def _load_tasks(tasks: Any, cfg: CurriculumConfig) -> list[Task]:
     if tasks is None:
         tasks = cfg.data.train_suite
     if isinstance(tasks, (str, Path)):
@@ -321,7 +322,7 @@ def _load_tasks(tasks: Any, cfg: Any) -> list[Task]:
 
 
 def build_trainer(
-    cfg: Any,
+    cfg: CurriculumConfig,
     *,
     model_path: str,
     out_dir: Path,
@@ -361,7 +362,7 @@ def build_trainer(
 
 
 def run(
-    cfg: Any,
+    cfg: CurriculumConfig,
     *,
     model_path: str,
     out_dir: Path,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from birdenv.errors import GPUSetupError, OutputWriteError
+from birdtrain.config import CurriculumConfig, GRPOSettings, SFTStageConfig
 from birdtrain.rundir import commit_folder
 
 logger = logging.getLogger(__name__)
@@ -269,7 +270,7 @@ def check_single_gpu() -> None:
         )
 
 
-def common_arguments(cfg: Any, stage: Any) -> dict[str, Any]:
+def common_arguments(cfg: CurriculumConfig, stage: SFTStageConfig | GRPOSettings) -> dict[str, Any]:
     """``TrainingArguments`` keywords every stage shares: a log entry per step, the run's seed and
     reporting, and the stage's intermediate checkpoints (:func:`checkpointing`; the final, merged
     save is :func:`save_checkpoint`'s). ``stage``: the stage's configuration."""
@@ -325,7 +326,7 @@ def _reference_arguments(precision: Precision, *, beta: float) -> dict[str, Any]
     return {"model_init_kwargs": {"dtype": precision.compute}}
 
 
-def _vllm_arguments(stage: Any, *, max_model_length: int) -> dict[str, Any]:
+def _vllm_arguments(stage: GRPOSettings, *, max_model_length: int) -> dict[str, Any]:
     """``GRPOConfig`` keywords for generation: :data:`~birdtrain.policies.SAMPLING`, and vLLM's
     settings when on.
 
@@ -354,7 +355,12 @@ def _vllm_arguments(stage: Any, *, max_model_length: int) -> dict[str, Any]:
 
 
 def grpo_arguments(
-    cfg: Any, stage: Any, precision: Precision, *, sequences: int, max_model_length: int
+    cfg: CurriculumConfig,
+    stage: GRPOSettings,
+    precision: Precision,
+    *,
+    sequences: int,
+    max_model_length: int,
 ) -> dict[str, Any]:
     """The ``GRPOConfig`` keywords stages 3 and 4 share (``stage``: ``cfg.stage3`` or ``stage4``).
 
@@ -379,7 +385,7 @@ def grpo_arguments(
     }
 
 
-def load_for_training(cfg: Any, model_path: str) -> tuple[Any, Any, Any, Precision]:
+def load_for_training(cfg: CurriculumConfig, model_path: str) -> tuple[Any, Any, Any, Precision]:
     """``(model, tokenizer, peft_config, precision)`` of a training stage, the dtype rule applied.
 
     The model is loaded in its checkpoint's dtype, LoRA decided (``model.lora``; ``None``: over

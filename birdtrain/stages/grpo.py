@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from birdtrain.config import CurriculumConfig, GRPOStageConfig
 from birdtrain.sampling import Group
 from birdtrain.stages.common import (
     Precision,
@@ -106,7 +107,7 @@ def build_dataset(
 
 def make_rollout_func(
     tasks: Sequence[Any],
-    stage: Any,
+    stage: GRPOStageConfig,
     *,
     prompt: Any = None,
     seed: int = 0,
@@ -195,7 +196,7 @@ _solution_reward.__name__ = "solution_reward"
 _format_reward.__name__ = "format_reward"
 
 
-def trainer_arguments(cfg: Any, out_dir: Path, precision: Precision) -> dict[str, Any]:
+def trainer_arguments(cfg: CurriculumConfig, out_dir: Path, precision: Precision) -> dict[str, Any]:
     """The ``GRPOConfig`` keywords of stage 3 (what ``birdtrain plan`` prints, too)."""
     s = cfg.stage3
     return {
@@ -213,7 +214,12 @@ def trainer_arguments(cfg: Any, out_dir: Path, precision: Precision) -> dict[str
 
 
 def build_trainer(
-    cfg: Any, *, model_path: str, out_dir: Path, tasks: Iterable[Any], policy: Any = None
+    cfg: CurriculumConfig,
+    *,
+    model_path: str,
+    out_dir: Path,
+    tasks: Iterable[Any],
+    policy: Any = None,
 ) -> Any:
     """The configured ``GRPOTrainer`` (what :func:`run` trains)."""
     from trl import GRPOConfig
@@ -266,7 +272,12 @@ def step_metrics(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(
-    cfg: Any, *, model_path: str, out_dir: Path, tasks: Iterable[Any], policy: Any = None
+    cfg: CurriculumConfig,
+    *,
+    model_path: str,
+    out_dir: Path,
+    tasks: Iterable[Any],
+    policy: Any = None,
 ) -> Path:
     """Train stage 3 from ``model_path`` on ``tasks``; return the checkpoint path.
 

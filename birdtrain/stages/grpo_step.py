@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from birdtrain.config import GRPOSettings
 from birdtrain.sampling import Group, dynamic_sample, record_groups
 from birdtrain.stages.common import prompt_groups, stage_actor
 
@@ -33,7 +34,7 @@ StepColumns = Callable[[list[Group]], dict[str, list[Any]]]
 
 
 def rollout_function(
-    stage: Any,
+    stage: GRPOSettings,
     begin: Callable[[Any, Any, int], tuple[Generate, StepColumns]],
     *,
     policy: Any = None,

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from birdtrain.config import CurriculumConfig
 from birdtrain.stages.common import (
     Precision,
     common_arguments,
@@ -165,7 +166,9 @@ def build_dataset(
     raise ValueError(f"stage must be 1 or 2, got {stage!r}")
 
 
-def trainer_arguments(cfg: Any, out_dir: Path, precision: Precision, stage: int) -> dict[str, Any]:
+def trainer_arguments(
+    cfg: CurriculumConfig, out_dir: Path, precision: Precision, stage: int
+) -> dict[str, Any]:
     """The ``SFTConfig`` keywords of stage ``stage`` (what ``birdtrain plan`` prints, too)."""
     stage_cfg = cfg.stage1 if stage == 1 else cfg.stage2
     per_turn = stage == 2 and stage_cfg.turns in ("each", "first")
@@ -188,7 +191,9 @@ def trainer_arguments(cfg: Any, out_dir: Path, precision: Precision, stage: int)
     }
 
 
-def build_trainer(cfg: Any, *, model_path: str, out_dir: Path, examples: Any, stage: int) -> Any:
+def build_trainer(
+    cfg: CurriculumConfig, *, model_path: str, out_dir: Path, examples: Any, stage: int
+) -> Any:
     """The configured ``SFTTrainer`` for ``stage`` (what :func:`run` trains; tests inspect it)."""
     from trl import SFTConfig, SFTTrainer
 
@@ -224,7 +229,7 @@ def build_trainer(cfg: Any, *, model_path: str, out_dir: Path, examples: Any, st
     return trainer
 
 
-def generation_budgets(cfg: Any, stage: int) -> dict[str, int]:
+def generation_budgets(cfg: CurriculumConfig, stage: int) -> dict[str, int]:
     """The token limits under which the policy later generates what SFT stage ``stage`` teaches.
 
     Stage 1 teaches single-turn answers (stage 3 and single-turn evaluation generate them),
@@ -252,7 +257,7 @@ def _trained_spans(row: dict[str, Any]) -> list[int]:
     return spans
 
 
-def targets_over_budget(cfg: Any, stage: int, tokenized: Any) -> str | None:
+def targets_over_budget(cfg: CurriculumConfig, stage: int, tokenized: Any) -> str | None:
     """Why SFT stage ``stage`` teaches answers the policy may not finish later, or None.
 
     ``tokenized`` is the trainer's tokenized data set. A trained span (a stage-1 answer, a stage-2
@@ -278,7 +283,7 @@ def targets_over_budget(cfg: Any, stage: int, tokenized: Any) -> str | None:
 
 
 def run(
-    cfg: Any,
+    cfg: CurriculumConfig,
     *,
     model_path: str,
     out_dir: Path,
