@@ -17,17 +17,29 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import importlib.abc
     import importlib.machinery
 
+    from birdenv.tasks import Task, load_tasks
+
 from birdenv.errors import BirdEnvError
-from birdenv.tasks import Task, load_tasks
 
 __version__ = "0.1.0"
 __all__ = ["ENV_IDS", "BirdEnvError", "Task", "__version__", "load_tasks"]
+
+
+def __getattr__(name: str) -> Any:
+    # The tasks load on first use: a judging worker, or `birdenv --help`, imports the package
+    # without paying for the task protocol and its kinds.
+    if name in ("Task", "load_tasks"):
+        from birdenv import tasks
+
+        return getattr(tasks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Every environment id this package registers.
 ENV_IDS = ("BirdCritic-SQLite-v0", "BirdSQL-SQLite-v0", "BirdCritic-PostgreSQL-v0")
