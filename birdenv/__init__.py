@@ -32,8 +32,8 @@ __all__ = ["ENV_IDS", "BirdEnvError", "Task", "__version__", "load_tasks"]
 
 
 def __getattr__(name: str) -> Any:
-    # The tasks load on first use: a judging worker, or `birdenv --help`, imports the package
-    # without paying for the task protocol and its kinds.
+    # The tasks load on first use: every `import birdenv.<module>` runs this package first, and
+    # the replicas or the tools need no task.
     if name in ("Task", "load_tasks"):
         from birdenv import tasks
 
