@@ -374,3 +374,26 @@ def test_a_sqlite_file_becomes_a_template_with_the_same_rows_keys_and_views(
         assert s.execute("SELECT count(*) FROM orders WHERE customer_id = 1").rows == [(0,)]
         assert "foreign key" in s.execute("INSERT INTO orders VALUES (9, 99, 'x', 1)").error
     source.close()
+
+
+def test_clones_leaked_by_a_crashed_process_are_dropped_at_the_next_start(
+    pg_pool: DatabasePool, pg_shop: str
+) -> None:
+    import subprocess
+
+    from birdenv.postgres.pool import _HOST
+
+    dead = subprocess.Popen(["true"])  # a process id that no longer runs
+    dead.wait()
+    name = f"bc_{_HOST}_{dead.pid}_0"
+    with pg_pool.server.admin() as admin:
+        admin.execute(f"CREATE ROLE {name} LOGIN")
+        admin.execute(f'CREATE DATABASE {name} TEMPLATE "{pg_shop}" OWNER {name}')
+    DatabasePool(pg_pool.server, ready=0).close()  # a pool starting on the same server
+    with pg_pool.server.admin() as admin:
+        assert admin.execute(
+            "SELECT count(*) FROM pg_database WHERE datname = %s", (name,)
+        ).fetchone() == (0,)
+        assert admin.execute(
+            "SELECT count(*) FROM pg_roles WHERE rolname = %s", (name,)
+        ).fetchone() == (0,)

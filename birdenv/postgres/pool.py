@@ -317,9 +317,18 @@ class DatabasePool:
             self._futures.add(future)
         future.add_done_callback(self._futures.discard)
 
+    def _again(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, tried once more after the server went away under it (killed,
+        restarted) and runs again: background work recovers by itself."""
+        try:
+            return fn(*args)
+        except (psycopg().OperationalError, PostgresServerError):
+            self.server.ensure_running()
+            return fn(*args)
+
     def _refill(self, template: str) -> None:
         try:
-            name = self._clone(template)
+            name = self._again(self._clone, template)
         finally:
             with self._lock:
                 self._pending[template] -= 1
@@ -365,7 +374,7 @@ class DatabasePool:
         if closed:
             self._drop(lease.name)
         else:
-            self._submit(self._drop, lease.name)
+            self._submit(self._again, self._drop, lease.name)
 
     def connect(self, lease: Lease) -> Any:
         """A new connection to a leased clone, as its own role (not autocommit, as the official

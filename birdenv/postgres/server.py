@@ -360,6 +360,13 @@ class PrivateCluster(Server):
                 f"initdb failed for {self.description}: {done.stderr.strip() or done.stdout.strip()}"
             )
 
+    def _answers(self) -> bool:
+        try:
+            psycopg().connect(**self.connect_kwargs("postgres"), connect_timeout=5).close()
+        except psycopg().OperationalError:
+            return False
+        return True
+
     def _running(self) -> bool:
         pid = self.postmaster_pid()
         if pid is None:
@@ -426,8 +433,15 @@ class PrivateCluster(Server):
         with self._lock:
             self.root.mkdir(parents=True, exist_ok=True)
             with exclusive_lock(self.root / "start.lock"):
-                if not self._running():
-                    self._start()
+                for _ in range(50):
+                    if not self._running():
+                        self._start()
+                        break
+                    if self._answers():
+                        break
+                    # Running but refusing: just killed (the signal not yet taken) or still
+                    # starting. Either settles within moments.
+                    time.sleep(0.1)
                 if self._users_fd is None:
                     fd = os.open(self.root / "users.lock", os.O_RDWR | os.O_CREAT, 0o600)
                     fcntl.flock(fd, fcntl.LOCK_SH)
