@@ -255,7 +255,7 @@ def _rl_tasks(cfg: CurriculumConfig, stage: str) -> list:
 
 def _bird_eval_suite(cfg: CurriculumConfig) -> str | None:
     """``data.bird_eval_suite``; ``auto``: bird-mini-eval when training sees BIRD questions."""
-    from birdenv.bird import BIRD_SUITES
+    from birdenv.tasks import BIRD_SUITES
 
     suite = cfg.data.bird_eval_suite
     if suite != "auto":
@@ -271,8 +271,7 @@ def _bird_eval_suite(cfg: CurriculumConfig) -> str | None:
 
 
 def _is_bird_source(name: str) -> bool:
-    from birdenv.bird import BirdTask
-    from birdenv.tasks import source_kind
+    from birdenv.tasks import BirdTask, source_kind
 
     return source_kind(name) is BirdTask
 
