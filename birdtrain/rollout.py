@@ -450,6 +450,8 @@ def collect(
     """
     _check_autoreset(envs)
     tokenizer = policy.tokenizer
+    # An engine with a window of its own (a vLLM engine's max_model_len) ends a rollout there too.
+    max_context = min(max_context, getattr(policy, "max_context", None) or max_context)
     eos_ids = getattr(policy, "eos_ids", None) or frozenset({tokenizer.eos_token_id})
     plan = Scheduler(envs.num_envs, task_ids, num_generations, on_episode)
     # The weights do not change during the call: the policy may keep each rollout's keys and values

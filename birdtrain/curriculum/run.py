@@ -292,12 +292,15 @@ def _resolve_mixture(cfg: CurriculumConfig, run_dir: Path) -> None:
 
 
 def _isolates(cfg: CurriculumConfig) -> bool:
-    """``cfg.isolate``; None: when CUDA is present (each process then starts on a clean GPU)."""
+    """``cfg.isolate``; None: when CUDA is present (each process then starts on a clean GPU), or
+    when a stage generates with vLLM (TRL's colocated engine makes its process a
+    ``torch.distributed`` rank, and a later trainer there would wrap its model for data
+    parallelism)."""
     if cfg.isolate is not None:
         return cfg.isolate
     import torch
 
-    return torch.cuda.is_available()
+    return torch.cuda.is_available() or cfg.stage3.use_vllm or cfg.stage4.use_vllm
 
 
 def _die_with_parent() -> None:

