@@ -149,6 +149,12 @@ def _kill_and_resume(out: Path, config: list[str], kills: int, seconds: float, s
     return attempts
 
 
+def _recorded_size(part: Path) -> int:
+    """The size the manifest of ``part``'s folder recorded for it."""
+    manifest = json.loads((part.parent / "MANIFEST.json").read_text())["files"]
+    return manifest[part.name]["size"]
+
+
 def _check_against(reference: dict, run: Path) -> None:
     found = fingerprint(run)
     assert found.keys() == reference.keys()
@@ -164,7 +170,19 @@ def test_killed_at_random_moments_it_resumes_to_the_same_run(
     expected, seconds = short_reference
     attempts = _kill_and_resume(tmp_path, SHORT, kills=2, seconds=seconds, seed=1)
     assert any(outcome is None for _, outcome in attempts)  # at least one kill landed
-    _check_against(expected, tmp_path / "smoke")
+    run = tmp_path / "smoke"
+    _check_against(expected, run)
+    # A part of the store cut short afterwards is found on the next resume, and named.
+    part = sorted((run / "stage4" / "trajectories").glob("*.parquet"))[0]
+    with part.open("r+b") as fh:
+        fh.truncate(10)
+    again = subprocess.run(_command(tmp_path, SHORT), capture_output=True, text=True, env=_env())
+    assert again.returncode == 2, again.stderr
+    assert "Traceback" not in again.stderr
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"birdtrain: {part} is damaged (10 bytes, {_recorded_size(part)} when written); "
+        "retrain stage4: rerun the same command with --from stage4"
+    )
 
 
 @pytest.mark.slow
