@@ -138,13 +138,18 @@ def full_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, floa
 
 
 def _kill_and_resume(out: Path, config: list[str], kills: int, seconds: float, seed: int) -> list:
-    """Kill the run ``kills`` times at moments drawn (seeded) over an uninterrupted run's
-    ``seconds``, resuming each time, then let it finish; return (moment, outcome) per attempt."""
+    """Kill the run ``kills`` times at seeded random moments, resuming each time, then let it
+    finish. The i-th kill comes within the first (i + 1) / ``kills`` of an uninterrupted run's
+    ``seconds``: a resumed run starts again from its last complete stage, so moments drawn over
+    the whole run would all land in the last stages. Returns, per attempt, the moment, its exit
+    status (None: killed) and the stages complete after it."""
     rng = random.Random(seed)
     attempts = []
-    for _ in range(kills):
-        moment = rng.uniform(0.5, seconds)
-        attempts.append((round(moment, 1), _run(out, config, kill_after=moment)))
+    for i in range(kills):
+        moment = rng.uniform(0.5, seconds * (i + 1) / kills)
+        outcome = _run(out, config, kill_after=moment)
+        done = ",".join(sorted(p.parent.name for p in (out / "smoke").glob("stage*/DONE")))
+        attempts.append((round(moment, 1), outcome, done))
     assert _run(out, config) == 0, (out / "log.txt").read_text()[-3000:]
     return attempts
 
@@ -169,7 +174,7 @@ def test_killed_at_random_moments_it_resumes_to_the_same_run(
 ) -> None:
     expected, seconds = short_reference
     attempts = _kill_and_resume(tmp_path, SHORT, kills=2, seconds=seconds, seed=1)
-    assert any(outcome is None for _, outcome in attempts)  # at least one kill landed
+    assert any(outcome is None for _, outcome, _ in attempts)  # at least one kill landed
     run = tmp_path / "smoke"
     _check_against(expected, run)
     # A part of the store cut short afterwards is found on the next resume, and named.
@@ -191,8 +196,8 @@ def test_killed_20_times_it_resumes_to_the_same_run(
 ) -> None:
     expected, seconds = full_reference
     attempts = _kill_and_resume(tmp_path, FULL, kills=20, seconds=seconds, seed=20)
-    print(f"kill moments (s) and outcomes: {attempts}")
-    assert sum(outcome is None for _, outcome in attempts) >= 10
+    print(f"kill moments (s), exit status (None: killed), stages complete after: {attempts}")
+    assert sum(outcome is None for _, outcome, _ in attempts) >= 10
     _check_against(expected, tmp_path / "smoke")
 
 

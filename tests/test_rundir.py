@@ -230,3 +230,19 @@ def test_a_worker_forked_by_the_holder_does_not_keep_the_lock(tmp_path: Path, ca
         assert f"taking over from pid {holder.pid} (forking-holder)" in capsys.readouterr().out
     finally:
         os.killpg(holder.pid, signal.SIGKILL)
+
+
+def test_birdtrain_eval_refuses_an_output_folder_another_process_writes(
+    tmp_path: Path, capsys
+) -> None:
+    from birdtrain.cli import main as birdtrain_main
+
+    holder = _start_holder(tmp_path)
+    try:
+        argv = ["eval", "--policy", "scripted", "--limit", "1", "--out", str(tmp_path)]
+        assert birdtrain_main(argv) == 2
+        assert f"is being written by pid {holder.pid} (holder-command)" in capsys.readouterr().err
+        assert not (tmp_path / "summary.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
