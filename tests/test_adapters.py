@@ -314,10 +314,15 @@ class Server:
             text=True,
         )
         self.banner = self.process.stdout.readline()
+        # Drain what the server prints: a full pipe would block its logging, and its event loop.
+        self.output: list[str] = []
+        threading.Thread(
+            target=self.output.extend, args=(self.process.stdout,), daemon=True
+        ).start()
         import requests
 
         def up() -> bool:
-            assert self.process.poll() is None, self.process.stdout.read()
+            assert self.process.poll() is None, "".join(self.output)
             with contextlib.suppress(requests.ConnectionError):
                 return requests.get(f"{self.url}/health", timeout=5).ok
             return False
@@ -327,7 +332,7 @@ class Server:
     def leases(self) -> int:
         import requests
 
-        return requests.get(f"{self.url}/birdenv/pool", timeout=10).json()["open_sessions"]
+        return requests.get(f"{self.url}/birdenv/pool", timeout=60).json()["open_sessions"]
 
     def close(self) -> None:
         self.process.send_signal(signal.SIGINT)

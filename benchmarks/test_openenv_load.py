@@ -1,0 +1,108 @@
+"""Load on ``birdenv serve``: 64 concurrent OpenEnv sessions from one client process, on 127.0.0.1.
+
+Every session plays gym-mini episodes back to back for a bounded time: reset, a write and a read
+of its own table (which must read back its own value), then the oracle's turns (explore, reproduce,
+check, submit: reward 1). Recorded: each call's latency (reset and step), p50/p99 and calls per
+second; checked: no error and no wrong answer, and no lease left once the clients disconnect.
+``BIRDENV_LOAD_SECONDS`` (default 5) bounds the run; ``BIRDENV_LOAD_SESSIONS`` (default 64) sets
+the sessions. The adapters lane of ``make test`` runs it at the defaults (the check); the recorded
+figure is a longer run (benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from typing import Any
+
+import pytest
+
+SESSIONS = int(os.environ.get("BIRDENV_LOAD_SESSIONS", "64"))
+SECONDS = float(os.environ.get("BIRDENV_LOAD_SECONDS", "5"))
+
+
+async def _session(
+    client: Any, tasks: list[Any], index: int, deadline: float, latencies: list[float]
+) -> int:
+    """Play episodes until the deadline (one at least); return how many were finished."""
+    from birdenv.agents import OracleAgent
+    from birdenv.integrations.openenv import BirdAction
+    from birdenv.tools import format_tool_call
+
+    episodes = 0
+    try:
+        while episodes == 0 or time.monotonic() < deadline:
+            task = tasks[(index + episodes) % len(tasks)]
+            started = time.perf_counter()
+            await client.reset(task_id=task.instance_id)
+            latencies.append(time.perf_counter() - started)
+            value = 1000 + index
+            turns = [
+                format_tool_call("execute_sql", sql=f"CREATE TABLE mine AS SELECT {value} AS v"),
+                format_tool_call("execute_sql", sql="SELECT v FROM mine"),
+                *OracleAgent().turns(task),
+            ]
+            for number, turn in enumerate(turns):
+                started = time.perf_counter()
+                result = await client.step(BirdAction(text=turn))
+                latencies.append(time.perf_counter() - started)
+                text = result.observation.text
+                if (
+                    number < 2
+                ):  # its own write, then its own value read back (the issue SQL may fail)
+                    assert text.startswith("status: ok"), (task.instance_id, turn, text)
+                if number == 1:
+                    assert text.rstrip().endswith(f"| {value} |"), text
+            assert result.done and result.reward == 1.0, (task.instance_id, text)
+            episodes += 1
+    finally:
+        await client.close()
+    return episodes
+
+
+def test_openenv_concurrent_sessions(benchmark: Any) -> None:
+    pytest.importorskip("openenv", reason="in the .venv-adapters lane of make test")
+    from test_adapters import Server, wait_for  # tests/ is on the path (benchmarks/conftest.py)
+
+    import birdenv
+    from birdenv.integrations.openenv import BirdEnvClient
+
+    tasks = birdenv.load_tasks("gym-mini")
+    server = Server("--max-sessions", str(SESSIONS), "--max-turns", "10")
+    try:
+        latencies: list[float] = []
+
+        async def load() -> int:
+            clients = [BirdEnvClient(base_url=server.url, message_timeout_s=120) for _ in tasks]
+            clients = clients[:SESSIONS]
+            await asyncio.gather(*(client.connect() for client in clients))
+            # One episode first, untimed: the server's first submission imports the judge.
+            await _session(clients[0], tasks, 0, 0.0, [])
+            deadline = time.monotonic() + SECONDS
+            done = await asyncio.gather(
+                *(_session(c, tasks, i, deadline, latencies) for i, c in enumerate(clients))
+            )
+            return sum(done)
+
+        started = time.perf_counter()
+        episodes = benchmark.pedantic(lambda: asyncio.run(load()), rounds=1, iterations=1)
+        elapsed = time.perf_counter() - started
+        wait_for(lambda: server.leases() == 0, 30, "every lease is freed after the clients left")
+        ordered = sorted(latencies)
+        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        benchmark.extra_info.update(
+            sessions=SESSIONS,
+            seconds=SECONDS,
+            episodes=episodes,
+            calls=len(ordered),
+            calls_per_second=len(ordered) / elapsed,
+            p50_ms=1000 * statistics.median(ordered),
+            p99_ms=1000 * p99,
+            leases_after=server.leases(),
+        )
+        print(f"\nopenenv load: {benchmark.extra_info}")
+        assert episodes >= SESSIONS  # every session finished at least one episode
+    finally:
+        server.close()
