@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-all lint bench docs install clean
+.PHONY: demo test test-adapters install-adapters test-all lint bench docs install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,25 @@ $(STAMP): $(PY) pyproject.toml setup.py constraints.txt
 
 install: $(STAMP)
 
+# The adapters lane: verl, OpenEnv and SkyRL-gym with bird-rl, as `pip install
+# "bird-rl[verl,openenv,skyrl]"` resolves them. verl 0.9 pins transformers <5.11, below the train
+# extra's, so they get their own environment (no TRL in it). uv (from .venv's dev extra) installs
+# it in about half a minute where pip takes two; it reads no pip configuration, so pip's
+# find-links (where a machine keeps its CPU torch wheel) are handed over.
+ADAPTERS_VENV := .venv-adapters
+ADAPTERS_PY := $(ADAPTERS_VENV)/bin/python
+ADAPTERS_STAMP := $(ADAPTERS_VENV)/.installed-$(shell cat pyproject.toml setup.py constraints.txt | cksum | cut -d' ' -f1)
+ADAPTERS_TESTS := tests/test_adapters.py birdenv/integrations benchmarks/test_openenv_load.py
+
+$(ADAPTERS_STAMP): $(STAMP) pyproject.toml setup.py constraints.txt
+	rm -rf $(ADAPTERS_VENV)
+	$(VENV)/bin/uv venv --quiet --python $(PYTHON) $(ADAPTERS_VENV)
+	UV_FIND_LINKS="$$($(PIP) config get global.find-links 2>/dev/null)" $(VENV)/bin/uv pip install \
+		--quiet --python $(ADAPTERS_PY) -c constraints.txt -e ".[verl,openenv,skyrl,dev]"
+	touch $@
+
+install-adapters: $(ADAPTERS_STAMP)
+
 # The bundled data, the reference agents through the environment and the official-style evaluator,
 # then the whole four-stage curriculum on the offline tiny model (a few minutes on 2 cores).
 demo: $(STAMP)
@@ -31,6 +50,12 @@ test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope
+	$(MAKE) --no-print-directory test-adapters
+
+# The adapters lane alone: the shared behavioural contract through verl, OpenEnv and SkyRL-gym.
+test-adapters: $(ADAPTERS_STAMP)
+	BIRDENV_ADAPTERS_LANE=1 OMP_NUM_THREADS=1 $(ADAPTERS_PY) -m pytest -q -n 2 --dist loadscope \
+		-p no:cacheprovider $(ADAPTERS_TESTS)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ""
@@ -46,4 +71,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 clean:
-	rm -rf $(VENV) build *.egg-info birdenv/*.so birdenv/replicas/native/*.so
+	rm -rf $(VENV) $(ADAPTERS_VENV) build *.egg-info birdenv/*.so birdenv/replicas/native/*.so
