@@ -3,6 +3,8 @@ the bundled PostgreSQL suites' own-feature tasks, and the official layout on the
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -124,3 +126,47 @@ def test_tasks_of_the_official_layout_are_judged_on_the_servers_own_templates(pg
         with pg_pool.server.admin() as admin:
             admin.execute("ALTER DATABASE shop_template WITH IS_TEMPLATE false")
             admin.execute("DROP DATABASE shop_template")
+
+
+# -- agreement with the official PostgreSQL evaluator -----------------------------------------------
+# Verdicts of the official evaluator (evaluation/src/single_instance_eval_postgresql.py, run
+# unchanged outside this project against this project's cluster, the suites' databases made
+# {db_id}_template and {db_id} there) on gold, issue, gold followed by `SELECT 1`, and gold with
+# a trailing comment, for critic-mini-pg and the new tasks of gym-mini-pg.
+AGREEMENT = Path(__file__).parent / "fixtures" / "pg_official_verdicts.jsonl"
+
+
+def _agreement(rows: list[dict], pg_tasks: dict, databases: TaskDatabases) -> list[tuple]:
+    jobs = [(pg_tasks[r["instance_id"]], r["pred_sqls"]) for r in rows]
+    verdicts = [judge_pg(t, p, pool=databases, statement_timeout=None) for t, p in jobs]
+    return [
+        (r["instance_id"], r["prediction"], r["official"], v.status)
+        for r, v in zip(rows, verdicts, strict=True)
+        if v.status != r["official"]
+    ]
+
+
+def test_the_judge_agrees_with_the_official_evaluator_on_a_sample(
+    pg_tasks: dict, databases: TaskDatabases
+) -> None:
+    rows = [json.loads(line) for line in AGREEMENT.read_text().splitlines()]
+    assert len(rows) >= 130
+    # every kind of prediction, both outcomes of `gold` + SELECT 1, the PostgreSQL-feature tasks
+    sample = [
+        r
+        for r in rows
+        if r["instance_id"].startswith("pg_bank_") and r["instance_id"] < "pg_bank_j"
+    ]
+    sample += [r for r in rows if r["prediction"] == "gold+select1" and r["official"] == "success"][
+        :2
+    ]
+    assert {r["official"] for r in sample} == {"success", "failed"}
+    assert _agreement(sample, pg_tasks, databases) == []
+
+
+@pytest.mark.slow
+def test_the_judge_agrees_with_the_official_evaluator_on_every_fixture(
+    pg_tasks: dict, databases: TaskDatabases
+) -> None:
+    rows = [json.loads(line) for line in AGREEMENT.read_text().splitlines()]
+    assert _agreement(rows, pg_tasks, databases) == []
