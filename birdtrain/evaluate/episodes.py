@@ -19,7 +19,7 @@ __all__ = ["REFERENCE_POLICIES", "Act", "play_episodes"]
 
 #: The reference policies: agents that need no model.
 REFERENCE_POLICIES = ("oracle", "echo", "scripted")
-# An agent: the next turn from the last observation and info (``info["messages"]``).
+#: An agent: the next turn from the last observation and info (``info["messages"]``).
 Act = Callable[[str, dict[str, Any]], str]
 
 

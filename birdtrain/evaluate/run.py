@@ -146,7 +146,7 @@ def evaluate_policy(
     finally:
         progress.close()
     if mode == "single":
-        judge_answers(episodes, by_id, kind, timeline, ray=config.ray)
+        judge_answers(episodes, by_id, timeline, ray=config.ray)
     else:
         for e in episodes:
             e.pred_sqls = submitted(e.messages)

@@ -41,7 +41,6 @@ PAPER_BIRD_RESULTS = [("BIRD-RL unified 7B", 63.9)]
 def judge_answers(
     episodes: list[Episode],
     by_id: dict[str, Task],
-    kind: type[Task],
     timeline: Timeline,
     *,
     ray: bool,
@@ -64,6 +63,8 @@ def _rate(passed: float, n: int) -> dict[str, Any]:
 
 
 def summarize(episodes: list[Episode], by_id: dict[str, Task], n: int) -> dict[str, Any]:
+    """The success rate of the tasks' first samples with its 95 % interval, the same by category
+    (or difficulty), and pass@1 and pass@n over every sample when ``n > 1``."""
     by_task: dict[str, list[bool]] = defaultdict(list)
     for e in episodes:
         by_task[e.task_id].append(e.passed)
@@ -128,6 +129,7 @@ def describe_outcomes(outcomes: dict[str, int]) -> str:
 
 
 def paper_table(label: str, summary: dict[str, Any], suite: str) -> str:
+    """The summary's figure among the paper's, best first, then its categories and pass@k."""
     metric = summary.get("metric", "SR")
     if metric == "EX":
         rows = [(name, f"{ex:.1f}", "BIRD dev (paper)") for name, ex in PAPER_BIRD_RESULTS]
