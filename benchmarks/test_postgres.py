@@ -120,3 +120,27 @@ def test_disk_per_trajectory(benchmark: Any, setup: tuple[DatabasePool, str]) ->
             benchmark.pedantic(lambda: size(lease.name), rounds=1, iterations=1)
     finally:
         pool.release(lease)
+
+
+@pytest.mark.parametrize("processes", [1, 4])
+def test_judge_throughput(benchmark: Any, processes: int) -> None:
+    """The judge on the 136 predictions the official evaluator's verdicts were recorded for
+    (tests/fixtures/pg_official_verdicts.jsonl): instances at once, each on its own clone."""
+    import json
+    from pathlib import Path
+
+    from birdenv.judge.postgres import judge_pg_many
+
+    fixture = Path(__file__).parents[1] / "tests" / "fixtures" / "pg_official_verdicts.jsonl"
+    rows = [json.loads(line) for line in fixture.read_text().splitlines()]
+    tasks = {t.instance_id: t for t in load_tasks("critic-mini-pg") + load_tasks("gym-mini-pg")}
+    jobs = [(tasks[r["instance_id"]], r["pred_sqls"]) for r in rows]
+    benchmark.group = "judge: 136 PostgreSQL predictions"
+    verdicts = benchmark.pedantic(
+        lambda: list(judge_pg_many(jobs, processes=processes, statement_timeout=None)),
+        rounds=1,
+        iterations=1,
+    )
+    benchmark.extra_info["agree"] = sum(
+        v.status == r["official"] for v, r in zip(verdicts, rows, strict=True)
+    )
