@@ -181,6 +181,12 @@ def evaluate_file(
         verdicts = score_many(
             pairs, processes=jobs, statement_timeout=timeout, isolate_gold=False, ray=ray
         )
+    elif any(entry.task.dialect.lower() != "sqlite" for entry in good):
+        from birdenv.judge import score_many  # each dialect's own judge (PostgreSQL: psycopg)
+
+        verdicts = score_many(
+            pairs, processes=jobs, statement_timeout=statement_timeout, official=True, ray=ray
+        )
     else:
         verdicts = judge_many(
             pairs,

@@ -170,3 +170,26 @@ def test_the_judge_agrees_with_the_official_evaluator_on_every_fixture(
 ) -> None:
     rows = [json.loads(line) for line in AGREEMENT.read_text().splitlines()]
     assert _agreement(rows, pg_tasks, databases) == []
+
+
+def test_birdenv_evaluate_and_gymnasiums_vector_env_run_postgresql_tasks(tmp_path: Path) -> None:
+    from birdenv.cli import main
+
+    own = [t for t in load_tasks("critic-mini-pg") if t.instance_id.startswith("pg_bank_")][:4]
+    path = tmp_path / "preds.jsonl"
+    rows = [
+        {"instance_id": t.instance_id, "pred_sqls": t.sol_sql if i % 2 else t.issue_sql}
+        for i, t in enumerate(own)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "verdicts.jsonl"
+    assert main(["evaluate", str(path), "--suite", "critic-mini-pg", "--out", str(out)]) == 0
+    verdicts = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [v["status"] for v in verdicts] == ["failed", "success", "failed", "success"]
+    envs = gym.make_vec("BirdCritic-PostgreSQL-v0", num_envs=2, vectorization_mode="sync")
+    try:
+        envs.reset(seed=0)
+        observations, *_ = envs.step([call("execute_sql", sql="SELECT 41 + 1")] * 2)
+        assert all("| 42 |" in o for o in observations)
+    finally:
+        envs.close()
