@@ -397,3 +397,43 @@ def test_clones_leaked_by_a_crashed_process_are_dropped_at_the_next_start(
         assert admin.execute(
             "SELECT count(*) FROM pg_roles WHERE rolname = %s", (name,)
         ).fetchone() == (0,)
+
+
+def test_an_external_server_named_by_a_dsn(tmp_path: Path) -> None:
+    """``pg_dsn=``: a server the project did not start (here a second cluster, reached by its DSN
+    only), with its default clone strategy and the same roles and limits."""
+    import gymnasium as gym
+
+    from birdenv.postgres import ExternalServer
+
+    other = PrivateCluster(tmp_path / "other", bindir=find_bindir())
+    other.ensure_running()
+    try:
+        dsn = f"host={other.socket_dir} port={other.port} user=birdenv dbname=postgres"
+        server = ExternalServer(dsn)
+        assert (
+            "external server" in server.description and str(other.socket_dir) in server.description
+        )
+        with DatabasePool(server, ready=0) as pool:
+            assert pool.strategy is None  # the server's own CREATE DATABASE strategy
+            template = pool.template(
+                Template("ext", "e1", lambda db: db.execute("CREATE TABLE t AS SELECT 1 AS x"))
+            )
+            with _session(pool, template) as s:
+                assert s.execute("INSERT INTO t VALUES (2)").ok
+                assert "permission denied" in s.execute("SET ROLE birdenv").error
+        env = gym.make("BirdCritic-PostgreSQL-v0", pg_dsn=dsn, pool_options={"ready": 0})
+        try:
+            env.reset(options={"task_id": "pg_bank_interval"})
+            observation = env.step(
+                '<tool_call>{"name": "execute_sql", "arguments": {"sql": "SELECT current_database()"}}</tool_call>'
+            )[0]
+            assert "bc_" in observation
+        finally:
+            env.close()
+        with other.admin() as admin:  # the env's databases were made there, and dropped
+            assert admin.execute(
+                "SELECT count(*) FROM pg_database WHERE datname LIKE 'bt\\_bank%'"
+            ).fetchone() == (1,)
+    finally:
+        other.close()

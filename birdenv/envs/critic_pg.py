@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from birdenv.envs.critic import BirdCriticEnv
+from birdenv.errors import ArgumentError
 
 __all__ = ["BirdCriticPgEnv"]
 
@@ -40,7 +41,9 @@ class BirdCriticPgEnv(BirdCriticEnv):
     into a template (:mod:`birdenv.postgres.convert`); without it (``tasks=`` alone), the server's
     own ``{db_id}_template`` database, as the official PostgreSQL images hold them. ``pool`` is a
     :class:`birdenv.judge.postgres.TaskDatabases` to share (default: the process's), or
-    ``pool_options`` (``ready``, ``dsn``, ...) to build one.
+    ``pool_options`` (``ready``, ``dsn``, ...) to build one; ``pg_dsn``: a libpq connection string
+    of the server to use instead of the default one (``BIRDENV_PG_DSN``, else the project's own
+    cluster); its user must be able to create databases and roles.
 
     ## Version History
     - v0: initial release.
@@ -55,10 +58,15 @@ class BirdCriticPgEnv(BirdCriticEnv):
         suite: str | None = None,
         *,
         tasks: str | Path | list[Any] | None = None,
+        pg_dsn: str | None = None,
         **kwargs: Any,
     ) -> None:
         if suite is None and tasks is None:
             suite = "critic-mini-pg"
+        if pg_dsn is not None:
+            if kwargs.get("pool") is not None:
+                raise ArgumentError("BirdCriticPgEnv: give pg_dsn= or pool=, not both")
+            kwargs["pool_options"] = {**(kwargs.get("pool_options") or {}), "dsn": pg_dsn}
         super().__init__(suite, tasks=tasks, **kwargs)
         self.tasks = [
             t if t.dialect.lower() == "postgresql" else dataclasses.replace(t, dialect="PostgreSQL")
