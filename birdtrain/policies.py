@@ -440,7 +440,8 @@ def generation_policy(
     """The policy that generates for evaluation from a checkpoint: ``engine="vllm"``,
     ``"transformers"`` (on CUDA when present), or ``"auto"`` (vLLM when it is installed and can
     run the model, :func:`vllm_unsupported`; else transformers). ``engine_options`` go to the vLLM
-    engine (see :class:`VLLMEnginePolicy`), its ``max_model_len`` at most the model's positions;
+    engine (see :class:`VLLMEnginePolicy`), its ``max_model_len`` at most the model's positions
+    (on a CPU its KV cache holds eight such windows unless ``kv_cache_memory_bytes`` says);
     ``dtype`` is what either engine computes in (:class:`TransformersPolicy`)."""
     import importlib.util
 
@@ -467,10 +468,19 @@ def generation_policy(
         raise MissingExtraError("vllm", "vllm")
     # The same dtype as the transformers engine would compute in, unless the options name one.
     options = {"dtype": dtype, **(engine_options or {})}
-    if "max_model_len" in options:
-        # vLLM refuses a window past the model's positions (SmolLM2: 8,192).
-        positions = config.get_text_config().max_position_embeddings
-        options["max_model_len"] = min(options["max_model_len"], positions)
+    text = config.get_text_config()
+    # vLLM refuses a window past the model's positions (SmolLM2: 8,192).
+    options["max_model_len"] = min(
+        options.get("max_model_len", text.max_position_embeddings), text.max_position_embeddings
+    )
+    if not torch.cuda.is_available() and "kv_cache_memory_bytes" not in options:
+        # On a CPU, gpu_memory_utilization reserves that share of the machine's memory (and vLLM
+        # refuses to start when it is not free): the KV cache is sized instead, for eight whole
+        # windows (eval.num_envs' default; more contexts than fit wait their turn).
+        heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        per_token = 2 * text.num_hidden_layers * heads * head * (4 if dtype == "float32" else 2)
+        options["kv_cache_memory_bytes"] = 8 * options["max_model_len"] * per_token
     return VLLMEnginePolicy(path, load_tokenizer(path), **options)
 
 
