@@ -155,8 +155,9 @@ class _Object:
 
 
 @functools.lru_cache(maxsize=64)
-def _catalog(path: str, mtime_ns: int) -> tuple[_Object, ...]:
-    """Tables, views and triggers of a database, in the order the prompt shows them."""
+def _catalog(path: str, mtime_ns: int, dialect: str = "sqlite") -> tuple[_Object, ...]:
+    """Tables, views and triggers of a database, in the order the prompt shows them; for
+    ``dialect="postgresql"``, as its PostgreSQL template defines them (no triggers)."""
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         rows = conn.execute(
@@ -166,6 +167,12 @@ def _catalog(path: str, mtime_ns: int) -> tuple[_Object, ...]:
         ).fetchall()
         objects = []
         for kind, name, sql in rows:
+            if dialect == "postgresql":
+                from birdenv.postgres.convert import pg_definition
+
+                sql = pg_definition(conn, kind, name, sql)
+                if sql is None:
+                    continue  # not in the template
             if kind == "table":
                 columns = tuple(r[1] for r in conn.execute(f"PRAGMA table_info({_quote(name)})"))
                 targets = {r[2] for r in conn.execute(f"PRAGMA foreign_key_list({_quote(name)})")}
@@ -185,11 +192,13 @@ def _database(db_path: str | Path) -> tuple[str, int]:
 
 
 @functools.lru_cache(maxsize=256)
-def _render(path: str, mtime_ns: int, rows: int, tables: frozenset[str] | None) -> str:
+def _render(
+    path: str, mtime_ns: int, rows: int, tables: frozenset[str] | None, dialect: str = "sqlite"
+) -> str:
     parts = []
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        for obj in _catalog(path, mtime_ns):
+        for obj in _catalog(path, mtime_ns, dialect):
             if tables is not None:
                 mine = {fold(obj.name)} if obj.kind == "table" else obj.refs
                 if not mine & tables:
@@ -207,13 +216,18 @@ def _render(path: str, mtime_ns: int, rows: int, tables: frozenset[str] | None) 
 
 
 def render_schema(
-    db_path: str | Path, *, rows: int = SAMPLE_ROWS, tables: Iterable[str] | None = None
+    db_path: str | Path,
+    *,
+    rows: int = SAMPLE_ROWS,
+    tables: Iterable[str] | None = None,
+    dialect: str = "sqlite",
 ) -> str:
     """The schema text of a database: CREATE statements plus the first ``rows`` rows of each table.
 
     ``rows=0`` shows no rows and no ``First N rows`` heading. ``tables`` (names, compared as
     SQLite compares them) keeps only those tables and the views and triggers that touch one of
-    them; ``None`` keeps everything.
+    them; ``None`` keeps everything. ``dialect="postgresql"`` shows the definitions of the
+    database's PostgreSQL template (:func:`birdenv.postgres.convert.pg_definition`).
 
     Raises:
         SchemaError: ``tables`` names a table the database does not have, or ``rows`` < 0.
@@ -230,7 +244,7 @@ def render_schema(
                 f"{db_path} has no table {', '.join(sorted(map(repr, keep - known)))}; "
                 f"its tables are {', '.join(sorted(known))}"
             )
-    return _render(path, mtime_ns, rows, keep)
+    return _render(path, mtime_ns, rows, keep, dialect.lower())
 
 
 def _keys(text: str) -> set[str]:
@@ -323,8 +337,9 @@ def task_schema(task: BaseTask, options: PromptOptions | None = None) -> str:
         raise TypeError(f"not a task: {type(task).__name__} (expected a birdenv.tasks.BaseTask)")
     options = options or PromptOptions()
     rows = SAMPLE_ROWS if options.sample_rows else 0
+    dialect = task.dialect.lower()
     if options.schema == "full":
-        return render_schema(task.db_path, rows=rows)
+        return render_schema(task.db_path, rows=rows, dialect=dialect)
     mentions = task.mentions()
     tables = linked_tables(
         task.db_path,
@@ -332,4 +347,4 @@ def task_schema(task: BaseTask, options: PromptOptions | None = None) -> str:
         text=mentions.text,
         neighbours=options.schema == "linked",
     )
-    return render_schema(task.db_path, rows=rows, tables=tables)
+    return render_schema(task.db_path, rows=rows, tables=tables, dialect=dialect)

@@ -15,8 +15,9 @@ by no other clone's role (PostgreSQL lets a role signal only its own backends). 
 ``COPY ... TO PROGRAM``, ``ALTER SYSTEM``, server-side ``lo_import``, untrusted languages,
 ``dblink``, ``CREATE DATABASE`` and ``SET ROLE`` to the administrator by itself.
 
-Clones are named ``bc_{host}_{pid}_{n}``; a pool drops, when it starts, the clones and roles left
-by a process of this host that is no longer alive (a crash).
+Clones are named ``bc_{host}_{pid}_{life}_{n}`` (``life``: random per process); a pool drops, when
+it starts, the clones and roles left by a process of this host that is no longer alive (a crash),
+or by an earlier process that had its process id.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import hashlib
 import itertools
 import os
 import re
+import secrets
 import socket
 import threading
 from collections.abc import Callable
@@ -56,7 +58,11 @@ __all__ = [
 #: The role that owns every template's objects; clones' roles are its members.
 OWNER_ROLE = "birdenv_owner"
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
-_CLONE = re.compile(r"^bc_([0-9a-f]{6})_(\d+)_\d+$")
+_CLONE = re.compile(r"^bc_([0-9a-f]{6})_(\d+)_([0-9a-f]{6})_\d+$")
+# Tells this process's clones from those of an earlier process that had the same id.
+_LIFE = secrets.token_hex(3)
+# Numbers clones across every pool of the process: names must not meet on one server.
+_COUNTER = itertools.count()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +186,6 @@ class DatabasePool:
         self._ready: dict[str, collections.deque[str]] = collections.defaultdict(collections.deque)
         self._pending: dict[str, int] = collections.defaultdict(int)
         self._made: set[str] = set()
-        self._counter = itertools.count()
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="birdenv-pg")
         self._futures: set[Future[Any]] = set()
         self._closed = False
@@ -216,7 +221,10 @@ class DatabasePool:
         names |= {r for (r,) in conn.execute("SELECT rolname FROM pg_roles").fetchall()}
         for name in sorted(names):
             match = _CLONE.match(name)
-            if match and match.group(1) == _HOST and not _alive(int(match.group(2))):
+            if not match or match.group(1) != _HOST:
+                continue
+            pid = int(match.group(2))
+            if not _alive(pid) or (pid == os.getpid() and match.group(3) != _LIFE):
                 self._drop(name, conn)
 
     def template(self, source: Template) -> str:
@@ -268,7 +276,7 @@ class DatabasePool:
 
     # -- clones -------------------------------------------------------------------------------
     def _clone(self, template: str) -> str:
-        name = f"bc_{_HOST}_{os.getpid()}_{next(self._counter)}"
+        name = f"bc_{_HOST}_{os.getpid()}_{_LIFE}_{next(_COUNTER)}"
         limits = self.role_limits
         with self._admin() as conn:
             conn.execute(f"CREATE ROLE {name} LOGIN IN ROLE {OWNER_ROLE}")
