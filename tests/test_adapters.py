@@ -241,6 +241,13 @@ class VerlHarness:
         )
 
     def close(self) -> None:
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self.call(cancel_all())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
 
@@ -258,8 +265,8 @@ class VerlRun(Run):
             "tools_kwargs": row["extra_info"]["tools_kwargs"],
             "extra_info": row["extra_info"],
         }
-        self.rollout = asyncio.run_coroutine_threadsafe(
-            agent_loop.run({"temperature": 1.0}, **kwargs), harness.loop
+        self.rollout: asyncio.Task = harness.call(
+            self._start(agent_loop.run({"temperature": 1.0}, **kwargs))
         )
         prompt = harness.call(self.server.prompts.get())
         assert "# Database Schema:" in prompt
@@ -268,11 +275,22 @@ class VerlRun(Run):
     async def _server(self) -> ScriptedServer:
         return ScriptedServer(self.harness.tokenizer)
 
+    @staticmethod
+    async def _start(coroutine: Any) -> asyncio.Task:
+        return asyncio.ensure_future(coroutine)
+
+    async def _result(self) -> Any:
+        return await self.rollout
+
+    async def _cancel(self) -> None:
+        self.rollout.cancel()  # cancellation reaches verl's loop mid-generate
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.rollout  # its finally has run once this returns
+
     async def _next(self) -> str | None:
         """The next prompt verl asks the policy about, or None when the rollout has ended."""
-        wrapped = asyncio.wrap_future(self.rollout)
         prompt = asyncio.ensure_future(self.server.prompts.get())
-        done, _ = await asyncio.wait({wrapped, prompt}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({self.rollout, prompt}, return_when=asyncio.FIRST_COMPLETED)
         if prompt in done:
             return prompt.result()
         prompt.cancel()
@@ -282,15 +300,13 @@ class VerlRun(Run):
         self.harness.call(self.server.turns.put(text))
         prompt = self.harness.call(self._next())
         if prompt is None:  # a submission ends the rollout: the reward is the verdict's
-            self.output = self.rollout.result(60)
+            self.output = self.harness.call(self._result())
             return "", float(self.output.reward_score), True
         # The tool's response, as the model sees it in its next prompt.
         return prompt.rpartition("<|im_start|>tool\n")[2].partition("<|im_end|>")[0], 0.0, False
 
     def abandon(self) -> None:
-        self.rollout.cancel()  # cancellation reaches verl's loop mid-generate
-        with contextlib.suppress(concurrent.futures.CancelledError):
-            self.rollout.exception(60)
+        self.harness.call(self._cancel())
 
 
 # OpenEnv: a real `birdenv serve` and OpenEnv's client ------------------------------------------------
@@ -471,8 +487,9 @@ def test_verl_frees_the_session_when_the_policy_fails(verl_harness: VerlHarness)
     assert local_leases() == before + 1
     verl_harness.call(run.server.turns.put(RuntimeError("the server went away")))
     with pytest.raises(RuntimeError, match="the server went away"):
-        run.rollout.result(60)
+        verl_harness.call(run._result())
     assert local_leases() == before
+    assert verl_harness.adapter.open_trajectories() == 0
 
 
 def test_verl_rollout_reward_and_verdict_come_from_the_judge(verl_harness: VerlHarness) -> None:

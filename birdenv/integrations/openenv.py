@@ -42,6 +42,7 @@ from birdenv.replicas.pool import default_pool
 
 __all__ = [
     "DEFAULT_HOST",
+    "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_SESSIONS",
     "BirdAction",
     "BirdEnvClient",

@@ -19,6 +19,7 @@ builds the dataset rows (prompt, ``agent_name``, ``tools_kwargs``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,10 @@ _RESERVED = ("type", "name")
 # request_id -> the rollout's trajectory. verl keeps one tool object per tool and worker process,
 # shared by every rollout the worker runs; both tools of a rollout must see the same session.
 _trajectories: dict[str, Trajectory] = {}
+# Rollouts ended lately: a tool call still queued in a thread when its rollout was cancelled
+# must not open a session nobody would close. Bounded: the window is one call's queueing.
+_ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+_ENDED_KEPT = 4096
 _lock = threading.Lock()
 
 
@@ -90,21 +95,20 @@ class BirdSQLTool(BaseTool):
         return instance_id, ToolResponse()
 
     def _trajectory(self, request_id: str, create_kwargs: dict[str, Any]) -> Trajectory:
+        # Opened and started under the lock: a parallel call of the same rollout waits for it
+        # rather than finding a trajectory not started yet.
         with _lock:
+            if request_id in _ended:
+                raise RuntimeError(f"rollout {request_id} has ended; its session is closed")
             trajectory = _trajectories.get(request_id)
             if trajectory is None:
-                trajectory = _trajectories[request_id] = Trajectory(**self.settings)
-                opened = True
-            else:
-                opened = False
-        if opened:
-            try:
-                trajectory.start(create_kwargs.get("task_id"))
-            except BaseException:
-                with _lock:
-                    _trajectories.pop(request_id, None)
-                trajectory.close()
-                raise
+                trajectory = Trajectory(**self.settings)
+                try:
+                    trajectory.start(create_kwargs.get("task_id"))
+                except BaseException:
+                    trajectory.close()
+                    raise
+                _trajectories[request_id] = trajectory
         return trajectory
 
     def _run(self, request_id: str, create_kwargs: dict[str, Any], parameters: dict) -> Any:
@@ -133,11 +137,14 @@ class BirdSQLTool(BaseTool):
         self._pending.pop(instance_id, None)
 
 
-async def close_trajectory(request_id: str) -> Trajectory | None:
+async def _close_trajectory(request_id: str) -> Trajectory | None:
     """End the rollout's trajectory and free its session (in a worker thread); return it, or None
     if the rollout never called a tool."""
     with _lock:
         trajectory = _trajectories.pop(request_id, None)
+        _ended[request_id] = None
+        if len(_ended) > _ENDED_KEPT:
+            _ended.popitem(last=False)
     if trajectory is not None:
         await asyncio.to_thread(trajectory.close)
     return trajectory
@@ -151,8 +158,11 @@ class BirdToolAgentLoop(ToolAgentLoop):
     def _make_request_id(self, priority: int, full_determinism: bool) -> str:
         # The id verl gives this rollout (and the tools see as agent_data.request_id), kept so the
         # finally below can find the rollout's session whatever ends it.
-        self._birdenv_request_id = ToolAgentLoop._make_request_id(priority, full_determinism)
-        return self._birdenv_request_id
+        request_id = ToolAgentLoop._make_request_id(priority, full_determinism)
+        with _lock:  # ids repeat across steps under full determinism ("det-{priority}")
+            _ended.pop(request_id, None)
+        self._birdenv_request_id = request_id
+        return request_id
 
     async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
         # After the tools ran: a submission (or the turn limit) ended the episode, so the rollout
@@ -171,7 +181,7 @@ class BirdToolAgentLoop(ToolAgentLoop):
         finally:
             if self._birdenv_request_id is not None:
                 # shield: a cancelled rollout still frees its session before it unwinds.
-                trajectory = await asyncio.shield(close_trajectory(self._birdenv_request_id))
+                trajectory = await asyncio.shield(_close_trajectory(self._birdenv_request_id))
         output.reward_score = trajectory.reward if trajectory is not None else 0.0
         output.extra_fields["verdict"] = trajectory.verdict if trajectory is not None else None
         return output
