@@ -157,6 +157,12 @@ def test_no_trajectory_can_end_or_block_another(pg_pool: DatabasePool, pg_shop: 
         # a lock a trajectory may take ends with its statement (each statement is committed)
         assert a.execute("LOCK TABLE pg_database IN ACCESS SHARE MODE").ok
         assert b.execute("SELECT 1").rows == [(1,)]
+        # ending its own connection is an observation, and the trajectory goes on on its database
+        assert a.execute("CREATE TABLE kept (n int)").ok
+        ended = a.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        assert "a new one is open on the same database" in ended.error
+        assert a.execute("SELECT count(*) FROM kept").rows == [(0,)]
+        (mine,) = a.execute("SELECT pg_backend_pid()").rows[0]
         with pg_pool.server.admin() as admin:
             assert admin.execute(
                 "SELECT count(*) FROM pg_locks WHERE pid = %s", (mine,)
@@ -289,7 +295,7 @@ def test_a_server_killed_during_an_episode_is_a_clear_error_then_the_pool_recove
     server = PrivateCluster(tmp_path / "cluster", bindir=find_bindir())
     server.ensure_running()
     try:
-        with DatabasePool(server, ready=1) as pool:
+        with DatabasePool(server, ready=0) as pool:  # nothing restarts it behind the test
             template = pool.template(
                 Template("kill", "k1", lambda db: db.execute("CREATE TABLE t AS SELECT 1 AS x"))
             )

@@ -161,8 +161,9 @@ class PgSession:
             ) from exc
 
     def execute(self, sql: str, *, timeout: float | None = None) -> Result:
-        """Run one statement; its errors and timeouts come back in the :class:`Result`. A lost
-        connection (the server stopped) raises :class:`PostgresServerError`."""
+        """Run one statement; its errors and timeouts come back in the :class:`Result` (a
+        statement that ends its own connection too: a new one is opened). A server that stopped
+        raises :class:`PostgresServerError`."""
         conn = self._live()
         limit = timeout if timeout is not None else self.limits.statement_timeout
         start = time.monotonic()
@@ -187,17 +188,30 @@ class PgSession:
                 timed_out=True,
             )
         except psycopg().Error as exc:
+            message = str(exc).strip() or type(exc).__name__
             if conn.closed:
-                raise self._lost(exc) from exc
-            return Result(
-                [], [], -1, False, str(exc).strip() or type(exc).__name__, time.monotonic() - start
-            )
+                message = self._reconnect(exc, message)
+            return Result([], [], -1, False, message, time.monotonic() - start)
         except (ValueError, MemoryError) as exc:  # NUL characters; a value too large to build
             return Result(
                 [], [], -1, False, f"{type(exc).__name__}: {exc}", time.monotonic() - start
             )
         rows = rows or []
         return Result(columns, rows, len(rows), truncated, None, time.monotonic() - start)
+
+    def _reconnect(self, exc: BaseException, message: str) -> str:
+        """After the statement ended its own connection (``pg_terminate_backend`` of itself):
+        a new connection to the same clone, and the observation that says so. Raises
+        :class:`PostgresServerError` when the server itself is gone."""
+        try:
+            self._conn = self.pool.connect(self.lease)
+        except PostgresServerError as lost:
+            raise self._lost(exc) from lost
+        return (
+            f"{message}\n(the statement ended this session's connection; a new one is open on "
+            "the same database: its tables are as they were, session settings and temporary "
+            "tables are gone)"
+        )
 
     def close(self) -> None:
         """Close the connection and drop the clone in the background (idempotent)."""
