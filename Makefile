@@ -27,7 +27,7 @@ install: $(STAMP)
 ADAPTERS_VENV := .venv-adapters
 ADAPTERS_PY := $(ADAPTERS_VENV)/bin/python
 ADAPTERS_STAMP := $(ADAPTERS_VENV)/.installed-$(shell cat pyproject.toml setup.py constraints.txt | cksum | cut -d' ' -f1)
-ADAPTERS_TESTS := tests/test_adapters.py birdenv/integrations benchmarks/test_openenv_load.py
+ADAPTERS_TESTS := tests/test_adapters.py benchmarks/test_openenv_load.py
 
 $(ADAPTERS_STAMP): $(STAMP) pyproject.toml setup.py constraints.txt
 	rm -rf $(ADAPTERS_VENV)
