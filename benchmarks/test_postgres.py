@@ -144,3 +144,41 @@ def test_judge_throughput(benchmark: Any, processes: int) -> None:
     benchmark.extra_info["agree"] = sum(
         v.status == r["official"] for v, r in zip(verdicts, rows, strict=True)
     )
+
+
+def test_64_concurrent_trajectories(benchmark: Any) -> None:
+    """64 trajectories on one host at once, each on its own clone of bank_finance: one turn of
+    all of them (a write, then a read of what it wrote) from 64 threads; the clones' disk."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from birdenv.postgres import PgSession
+    from birdenv.replicas import Limits
+
+    with DatabasePool(ready=64, workers=4) as pool:
+        task = next(t for t in load_tasks("critic-mini-pg") if t.db_id == "bank_finance")
+        template = TaskDatabases(pool).template_for(task)
+        pool.warm(template)
+        pool.drain()
+        sessions = [PgSession(pool, pool.lease(template), limits=Limits()) for _ in range(64)]
+        try:
+
+            def turn(i: int) -> bool:
+                session = sessions[i]
+                wrote = session.execute(f"UPDATE accounts SET balance = {i} WHERE account_id = 1")
+                read = session.execute("SELECT balance FROM accounts WHERE account_id = 1")
+                return wrote.ok and read.rows == [(float(i),)]
+
+            with ThreadPoolExecutor(64) as threads:
+                benchmark.group = "64 concurrent trajectories"
+                isolated = benchmark.pedantic(
+                    lambda: all(threads.map(turn, range(64))), rounds=5, iterations=1
+                )
+            assert isolated
+            with pool.server.admin() as admin:
+                benchmark.extra_info["disk_bytes_64_clones"] = sum(
+                    admin.execute("SELECT pg_database_size(%s)", (s.db_name,)).fetchone()[0]
+                    for s in sessions
+                )
+        finally:
+            for session in sessions:
+                session.close()
