@@ -189,7 +189,9 @@ class DatabasePool:
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="birdenv-pg")
         self._futures: set[Future[Any]] = set()
         self._closed = False
-        self._errors: list[BaseException] = []
+        # Failures of background work, raised by the next lease they concern: a clone's by the
+        # next lease of its template, a drop's (a clone left behind) by the next lease of any.
+        self._errors: dict[str | None, list[BaseException]] = collections.defaultdict(list)
         self._setup()
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -312,13 +314,13 @@ class DatabasePool:
         conn.execute(f"DROP DATABASE IF EXISTS {_quote(name)} WITH (FORCE)")
         conn.execute(f"DROP ROLE IF EXISTS {_quote(name)}")
 
-    def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
+    def _submit(self, fn: Callable[..., Any], *args: Any, template: str | None = None) -> None:
         def run() -> None:
             try:
                 fn(*args)
-            except BaseException as exc:  # kept, and raised by the next lease (never lost)
+            except BaseException as exc:  # kept, and raised by a later lease (never lost)
                 with self._lock:
-                    self._errors.append(exc)
+                    self._errors[template].append(exc)
 
         future = self._executor.submit(run)
         with self._lock:
@@ -353,7 +355,7 @@ class DatabasePool:
             missing = self.ready - len(self._ready[template]) - self._pending[template]
             self._pending[template] += max(missing, 0)
         for _ in range(max(missing, 0)):
-            self._submit(self._refill, template)
+            self._submit(self._refill, template, template=template)
 
     def warm(self, template: str) -> None:
         """Start cloning ``template`` in the background so that its first lease is ready."""
@@ -365,8 +367,9 @@ class DatabasePool:
         with self._lock:
             if self._closed:
                 raise PoolClosedError("this database pool is closed")
-            if self._errors:
-                error = self._errors.pop(0)
+            failed = self._errors.get(template) or self._errors.get(None)
+            if failed:
+                error = failed.pop(0)
                 raise PostgresServerError(f"a background clone or drop failed: {error}") from error
             queue = self._ready[template]
             name = queue.popleft() if queue else None
