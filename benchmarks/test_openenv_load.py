@@ -2,7 +2,8 @@
 
 Every session plays gym-mini episodes back to back for a bounded time: reset, a write and a read
 of its own table (which must read back its own value), then the oracle's turns (explore, reproduce,
-check, submit: reward 1). Recorded: each call's latency (reset and step), p50/p99 and calls per
+check, submit: reward 1), after checking that one connection more than the limit is refused.
+Recorded: each call's latency (reset and step), p50/p99 and calls per
 second; checked: no error and no wrong answer, and no lease left once the clients disconnect.
 ``BIRDENV_LOAD_SECONDS`` (default 5) bounds the run; ``BIRDENV_LOAD_SESSIONS`` (default 64) sets
 the sessions. The adapters lane of ``make test`` runs it at the defaults (the check); the recorded
@@ -65,6 +66,7 @@ async def _session(
 def test_openenv_concurrent_sessions(benchmark: Any) -> None:
     pytest.importorskip("openenv", reason="in the .venv-adapters lane of make test")
     from test_adapters import Server, wait_for  # tests/ is on the path (benchmarks/conftest.py)
+    from websockets.exceptions import ConnectionClosed
 
     import birdenv
     from birdenv.integrations.openenv import BirdEnvClient
@@ -73,22 +75,31 @@ def test_openenv_concurrent_sessions(benchmark: Any) -> None:
     server = Server("--max-sessions", str(SESSIONS), "--max-turns", "10")
     try:
         latencies: list[float] = []
+        timed = {"seconds": 0.0}  # the timed phase alone: all sessions connected and warm
 
         async def load() -> int:
             clients = [BirdEnvClient(base_url=server.url, message_timeout_s=120) for _ in tasks]
             clients = clients[:SESSIONS]
             await asyncio.gather(*(client.connect() for client in clients))
+            # Every session exists once it answers; one more connection is refused, not queued.
+            await asyncio.gather(*(client.state() for client in clients))
+            extra = BirdEnvClient(base_url=server.url)
+            # The server sends CAPACITY_REACHED and closes: the reset reads the error, or finds
+            # the connection already closed.
+            with pytest.raises((RuntimeError, ConnectionClosed), match=r"CAPACITY_REACHED|1000"):
+                await extra.reset()
+            await extra.close()
             # One episode first, untimed: the server's first submission imports the judge.
             await _session(clients[0], tasks, 0, 0.0, [])
             deadline = time.monotonic() + SECONDS
+            started = time.perf_counter()
             done = await asyncio.gather(
                 *(_session(c, tasks, i, deadline, latencies) for i, c in enumerate(clients))
             )
+            timed["seconds"] = time.perf_counter() - started
             return sum(done)
 
-        started = time.perf_counter()
         episodes = benchmark.pedantic(lambda: asyncio.run(load()), rounds=1, iterations=1)
-        elapsed = time.perf_counter() - started
         wait_for(lambda: server.leases() == 0, 30, "every lease is freed after the clients left")
         ordered = sorted(latencies)
         p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
@@ -97,7 +108,7 @@ def test_openenv_concurrent_sessions(benchmark: Any) -> None:
             seconds=SECONDS,
             episodes=episodes,
             calls=len(ordered),
-            calls_per_second=len(ordered) / elapsed,
+            calls_per_second=len(ordered) / timed["seconds"],
             p50_ms=1000 * statistics.median(ordered),
             p99_ms=1000 * p99,
             leases_after=server.leases(),
