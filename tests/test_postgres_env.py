@@ -205,3 +205,10 @@ def test_the_prompt_shows_the_postgresql_schema() -> None:
     assert "amount double precision NOT NULL" in prompt
     assert "CREATE TRIGGER" not in prompt  # SQLite's triggers are not in the template
     assert "ALTER TABLE loans ADD FOREIGN KEY (account_id) REFERENCES accounts" in prompt
+
+
+def test_the_sqlite_environment_refuses_postgresql_tasks() -> None:
+    from birdenv.errors import TaskKindError
+
+    with pytest.raises(TaskKindError, match="use BirdCritic-PostgreSQL-v0"):
+        gym.make("BirdCritic-SQLite-v0", suite="critic-mini-pg")

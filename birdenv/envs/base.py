@@ -88,6 +88,10 @@ _PROMPT = """You are a SQL assistant. Your task is to {goal}. You can explore th
 {tools}"""
 
 
+# Where a task of another dialect is played (for the refusal's message).
+_ENV_BY_DIALECT = {"postgresql": "BirdCritic-PostgreSQL-v0", "sqlite": "BirdCritic-SQLite-v0"}
+
+
 def render_prompt(task: BaseTask, options: PromptOptions | None = None) -> str:
     """The user prompt of a task of either kind: the schema (under ``options``), the task's own
     sections (:meth:`~birdenv.tasks.BaseTask.prompt_sections`), the tool instructions and the
@@ -114,6 +118,8 @@ class ToolEnv(gym.Env[str, str]):
     task_type: ClassVar[type[BaseTask]]
     #: The id this environment is registered under (default: its kind's).
     env_id: ClassVar[str] = ""
+    #: The dialects (lower case) of the tasks it plays: their databases are served by its pool.
+    dialects: ClassVar[tuple[str, ...]] = ("sqlite",)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -162,6 +168,12 @@ class ToolEnv(gym.Env[str, str]):
                 f"{name} plays {self.task_type.__name__} tasks, but {wrong.instance_id!r} is a "
                 f"{type(wrong).__name__}: use {getattr(wrong, 'env_id', 'another environment')} "
                 "(or birdenv.vector.MixedTaskEnv for both kinds)"
+            )
+        foreign = next((t for t in tasks if t.dialect.lower() not in self.dialects), None)
+        if foreign is not None:
+            raise TaskKindError(
+                f"{name} plays tasks on {' or '.join(self.dialects)}, but {foreign.instance_id!r} "
+                f"is a {foreign.dialect} task: use {_ENV_BY_DIALECT.get(foreign.dialect.lower(), 'the environment of its dialect')}"
             )
         self.tasks = list(tasks)
         self._by_id = {str(t.instance_id): t for t in self.tasks}

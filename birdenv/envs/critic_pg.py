@@ -50,8 +50,8 @@ class BirdCriticPgEnv(BirdCriticEnv):
     """
 
     env_id: ClassVar[str] = "BirdCritic-PostgreSQL-v0"
-    #: The dialect of the tasks it plays.
-    dialect: ClassVar[str] = "PostgreSQL"
+    #: Rows of a file that name no dialect are read as SQLite's: they are played here.
+    dialects: ClassVar[tuple[str, ...]] = ("postgresql", "sqlite")
 
     def __init__(
         self,
