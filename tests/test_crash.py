@@ -137,21 +137,37 @@ def full_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, floa
     return _reference(tmp_path_factory.mktemp("reference-full"), FULL)
 
 
-def _kill_and_resume(out: Path, config: list[str], kills: int, seconds: float, seed: int) -> list:
-    """Kill the run ``kills`` times at seeded random moments, resuming each time, then let it
-    finish. The i-th kill comes within the first (i + 1) / ``kills`` of an uninterrupted run's
-    ``seconds``: a resumed run starts again from its last complete stage, so moments drawn over
-    the whole run would all land in the last stages. Returns, per attempt, the moment, its exit
-    status (None: killed) and the stages complete after it."""
+def _kill_and_resume(
+    root: Path, config: list[str], kills: int, seconds: float, seed: int
+) -> list[tuple[Path, list]]:
+    """Kill runs ``kills`` times in all at seeded random moments, resuming each time, and let
+    each run finish; return each run's directory and its attempts (the moment, the exit status,
+    None when killed, and the stages complete after it).
+
+    The i-th attempt of a run is killed within the first (i + 1) / ``kills`` of an uninterrupted
+    run's ``seconds``: a resumed run starts again from its last complete stage, so moments drawn
+    over the whole run would all land in its last stages. An attempt that ends before its kill
+    has finished the run: the next kills go to a new run.
+    """
     rng = random.Random(seed)
-    attempts = []
-    for i in range(kills):
-        moment = rng.uniform(0.5, seconds * (i + 1) / kills)
-        outcome = _run(out, config, kill_after=moment)
-        done = ",".join(sorted(p.parent.name for p in (out / "smoke").glob("stage*/DONE")))
-        attempts.append((round(moment, 1), outcome, done))
-    assert _run(out, config) == 0, (out / "log.txt").read_text()[-3000:]
-    return attempts
+    runs: list[tuple[Path, list]] = []
+    landed = 0
+    while landed < kills:
+        out = root / f"run{len(runs)}"
+        out.mkdir()
+        attempts: list = []
+        while landed < kills:
+            moment = rng.uniform(0.5, seconds * min(1.0, (len(attempts) + 1) / kills))
+            outcome = _run(out, config, kill_after=moment)
+            done = ",".join(sorted(p.parent.name for p in (out / "smoke").glob("stage*/DONE")))
+            attempts.append((round(moment, 1), outcome, done))
+            if outcome is not None:
+                break
+            landed += 1
+        if attempts[-1][1] is None:
+            assert _run(out, config) == 0, (out / "log.txt").read_text()[-3000:]
+        runs.append((out / "smoke", attempts))
+    return runs
 
 
 def _recorded_size(part: Path) -> int:
@@ -173,15 +189,14 @@ def test_killed_at_random_moments_it_resumes_to_the_same_run(
     short_reference: tuple[dict, float], tmp_path: Path
 ) -> None:
     expected, seconds = short_reference
-    attempts = _kill_and_resume(tmp_path, SHORT, kills=2, seconds=seconds, seed=1)
-    assert any(outcome is None for _, outcome, _ in attempts)  # at least one kill landed
-    run = tmp_path / "smoke"
-    _check_against(expected, run)
+    runs = _kill_and_resume(tmp_path, SHORT, kills=2, seconds=seconds, seed=1)
+    for run, _ in runs:
+        _check_against(expected, run)
     # A part of the store cut short afterwards is found on the next resume, and named.
     part = sorted((run / "stage4" / "trajectories").glob("*.parquet"))[0]
     with part.open("r+b") as fh:
         fh.truncate(10)
-    again = subprocess.run(_command(tmp_path, SHORT), capture_output=True, text=True, env=_env())
+    again = subprocess.run(_command(run.parent, SHORT), capture_output=True, text=True, env=_env())
     assert again.returncode == 2, again.stderr
     assert "Traceback" not in again.stderr
     assert again.stderr.strip().splitlines()[-1] == (
@@ -195,10 +210,11 @@ def test_killed_20_times_it_resumes_to_the_same_run(
     full_reference: tuple[dict, float], tmp_path: Path
 ) -> None:
     expected, seconds = full_reference
-    attempts = _kill_and_resume(tmp_path, FULL, kills=20, seconds=seconds, seed=20)
-    print(f"kill moments (s), exit status (None: killed), stages complete after: {attempts}")
-    assert sum(outcome is None for _, outcome, _ in attempts) >= 10
-    _check_against(expected, tmp_path / "smoke")
+    runs = _kill_and_resume(tmp_path, FULL, kills=20, seconds=seconds, seed=20)
+    for run, attempts in runs:
+        print(f"{run}: kill moments (s), exit status (None: killed), stages complete after:")
+        print(attempts)
+        _check_against(expected, run)
 
 
 def _can_mount_tmpfs() -> bool:
