@@ -443,3 +443,28 @@ def test_an_external_server_named_by_a_dsn(tmp_path: Path) -> None:
             ).fetchone() == (1,)
     finally:
         other.close()
+
+
+def test_too_many_connections_is_a_clear_error_not_a_hang(tmp_path: Path) -> None:
+    server = PrivateCluster(tmp_path / "small", bindir=find_bindir(), max_connections=8)
+    server.ensure_running()
+    held: list[Any] = []
+    try:
+        with DatabasePool(server, ready=0) as pool:
+            template = pool.template(
+                Template("few", "f1", lambda db: db.execute("CREATE TABLE t (x int)"))
+            )
+            start = time.monotonic()
+            with pytest.raises(PostgresServerError, match="max_connections is reached"):
+                for _ in range(20):  # 8 slots, 3 of them kept for superusers
+                    held.append(_session(pool, template))
+            assert time.monotonic() - start < 60 and len(held) >= 2
+            for session in held:
+                session.close()
+            held.clear()
+            with _session(pool, template) as again:  # slots freed: leases work again
+                assert again.execute("SELECT count(*) FROM t").rows == [(0,)]
+    finally:
+        for session in held:
+            session.close()
+        server.close()

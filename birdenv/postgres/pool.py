@@ -395,8 +395,14 @@ class DatabasePool:
                 **self.server.connect_kwargs(lease.name, user=lease.name), connect_timeout=10
             )
         except psycopg().OperationalError as exc:
+            text = str(exc).strip()
+            if "too many clients" in text or "connection slots are reserved" in text:
+                text += (
+                    " (the server's max_connections is reached: close sessions, or raise it "
+                    "on the server)"
+                )
             raise PostgresServerError(
-                f"cannot connect to clone {lease.name} on {self.server.description}: {exc}".strip()
+                f"cannot connect to clone {lease.name} on {self.server.description}: {text}"
             ) from exc
 
     def drain(self) -> None:

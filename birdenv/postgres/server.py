@@ -258,7 +258,8 @@ class PrivateCluster(Server):
 
     ``root``: where it lives (default: chosen as described above); ``bindir``: the binaries
     (default :func:`find_bindir`); ``listen``: ``""`` for the Unix socket alone, or
-    ``"127.0.0.1"`` (default ``BIRDENV_PG_LISTEN``).
+    ``"127.0.0.1"`` (default ``BIRDENV_PG_LISTEN``); ``max_connections``: the server's limit (a
+    connection past it is refused at once, with a :class:`PostgresServerError` that says so).
     """
 
     def __init__(
@@ -267,8 +268,10 @@ class PrivateCluster(Server):
         *,
         bindir: Path | None = None,
         listen: str | None = None,
+        max_connections: int = 300,
     ) -> None:
         self.bindir = bindir or find_bindir()
+        self.max_connections = max_connections
         self.user = _server_user()
         self.listen = listen if listen is not None else os.environ.get("BIRDENV_PG_LISTEN", "")
         if self.listen not in ("", "127.0.0.1"):
@@ -393,7 +396,7 @@ class PrivateCluster(Server):
                 "-c unix_socket_permissions=0700",
                 # A scratch server: databases are rebuilt from their sources, never backed up.
                 "-c fsync=off -c synchronous_commit=off -c full_page_writes=off",
-                "-c max_connections=300",
+                f"-c max_connections={self.max_connections}",
             ]
         )
         if self.log.exists() and self.user is not None:
