@@ -185,3 +185,22 @@ def test_an_interrupt_is_one_line_leaves_no_process_and_resumes(
     done = subprocess.run(_birdtrain(*argv), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert (run / "eval" / "before" / "summary.json").is_file()
+
+
+def test_an_interrupt_under_verbose_shows_the_traceback(tmp_path: Path) -> None:
+    argv = ["-v", "curriculum", "--output-dir", str(tmp_path), *EVAL_ONLY]
+    command = subprocess.Popen(
+        _birdtrain(*argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    before = tmp_path / "smoke" / "eval" / "before"
+    _wait_for(lambda: before.exists() or command.poll() is not None)
+    assert command.poll() is None, command.communicate()
+    os.killpg(command.pid, signal.SIGINT)
+    _, err = command.communicate(timeout=300)
+    assert command.returncode != 0
+    assert "Traceback (most recent call last)" in err and "KeyboardInterrupt" in err
