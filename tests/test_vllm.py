@@ -90,6 +90,54 @@ def test_smollm_window_is_clamped_to_its_positions(smollm_engine: Any) -> None:
     assert len(ids) == len(logps) == 4 and all(lp <= 0 for lp in logps)
 
 
+def test_a_5000_token_sequence_ratio_passes_the_clip_so_stage3_truncates_per_token(
+    smollm: str, smollm_engine: Any
+) -> None:
+    """The per-token gap between vLLM's sampling log-probs and the trainer's, both in bfloat16
+    (SmolLM2, completions of critic-mini prompts sampled at temperature 1, scored by the model
+    under autocast as a stage scores them): a sequence-level ratio is the product of its tokens'
+    ratios, and over paper-7b's 5,000-token completions its two-sigma spread passes TRL's clip
+    (3), so ``sequence_mask`` would drop such rollouts. Stage 3 truncates per token instead."""
+    import math
+
+    import torch
+
+    from birdenv.tasks import load_tasks
+    from birdtrain.config import load_config
+    from birdtrain.models import load_policy
+    from birdtrain.prompts import single_turn_prompt
+
+    tokenizer = smollm_engine.tokenizer
+    prompts = [
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": single_turn_prompt(task)}],
+                add_generation_prompt=True,
+                tokenize=True,
+            )["input_ids"]
+        )
+        for task in load_tasks("critic-mini")[:2]
+    ]
+    sampled = smollm_engine.generate(prompts, max_new_tokens=192, temperature=1.0)
+    model, _ = load_policy(smollm)
+    gaps = []
+    for prompt, (ids, vllm_logps) in zip(prompts, sampled, strict=True):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+        logps = logits.log_softmax(-1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
+        gaps += [t - v for t, v in zip(logps.tolist(), vllm_logps, strict=True)]
+    gap = torch.tensor(gaps)
+    mean, std = gap.mean().item(), gap.std().item()
+    spread = abs(mean) * 5000 + 2 * std * math.sqrt(5000)
+    clip = load_config("paper-7b").stage3.vllm_importance_sampling_clip_max
+    print(
+        f"per-token gap over {len(gaps)} tokens: mean {mean:+.5f}, std {std:.5f}, "
+        f"max |gap| {gap.abs().max().item():.4f}; 5,000-token log-ratio spread {spread:.2f}"
+    )
+    assert spread > math.log(clip)
+    assert load_config("paper-7b").stage3.vllm_importance_sampling_mode == "token_truncate"
+
+
 def test_a_model_vllm_would_compute_differently_is_refused(tmp_path: Path) -> None:
     """``tiny`` mixes a sliding-window layer with a full one; vLLM's Qwen3 applies one window to
     every layer (and asserted ``max_window_layers == num_hidden_layers``). ``--engine vllm``
@@ -189,54 +237,6 @@ def test_eval_single_mode_vllm_equals_transformers_at_temperature_0(
     assert vllm == _single(smollm, tmp_path / "transformers", "transformers")
 
 
-def test_a_5000_token_sequence_ratio_passes_the_clip_so_stage3_truncates_per_token(
-    smollm: str, smollm_engine: Any
-) -> None:
-    """The per-token gap between vLLM's sampling log-probs and the trainer's, both in bfloat16
-    (SmolLM2, completions of critic-mini prompts sampled at temperature 1, scored by the model
-    under autocast as a stage scores them): a sequence-level ratio is the product of its tokens'
-    ratios, and over paper-7b's 5,000-token completions its two-sigma spread passes TRL's clip
-    (3), so ``sequence_mask`` would drop such rollouts. Stage 3 truncates per token instead."""
-    import math
-
-    import torch
-
-    from birdenv.tasks import load_tasks
-    from birdtrain.config import load_config
-    from birdtrain.models import load_policy
-    from birdtrain.prompts import single_turn_prompt
-
-    tokenizer = smollm_engine.tokenizer
-    prompts = [
-        list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": single_turn_prompt(task)}],
-                add_generation_prompt=True,
-                tokenize=True,
-            )["input_ids"]
-        )
-        for task in load_tasks("critic-mini")[:2]
-    ]
-    sampled = smollm_engine.generate(prompts, max_new_tokens=192, temperature=1.0)
-    model, _ = load_policy(smollm)
-    gaps = []
-    for prompt, (ids, vllm_logps) in zip(prompts, sampled, strict=True):
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
-        logps = logits.log_softmax(-1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
-        gaps += [t - v for t, v in zip(logps.tolist(), vllm_logps, strict=True)]
-    gap = torch.tensor(gaps)
-    mean, std = gap.mean().item(), gap.std().item()
-    spread = abs(mean) * 5000 + 2 * std * math.sqrt(5000)
-    clip = load_config("paper-7b").stage3.vllm_importance_sampling_clip_max
-    print(
-        f"per-token gap over {len(gaps)} tokens: mean {mean:+.5f}, std {std:.5f}, "
-        f"max |gap| {gap.abs().max().item():.4f}; 5,000-token log-ratio spread {spread:.2f}"
-    )
-    assert spread > math.log(clip)
-    assert load_config("paper-7b").stage3.vllm_importance_sampling_mode == "token_truncate"
-
-
 # -- TRL's colocated vLLM in stages 3 and 4 (benchmarks/gpu_smoke.py's checks, on this CPU) -------
 GPU_SMOKE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_smoke.py"
 
@@ -286,6 +286,7 @@ def test_stage3_with_vllm_syncs_merged_lora_and_leaves_the_base(qwen2: str, tmp_
     assert len(result["logp_difference"]) == 2
 
 
+@pytest.mark.slow  # ~6 min on 2 loaded cores: .venv-vllm/bin/python -m pytest tests/test_vllm.py -m slow
 def test_stage4_with_vllm_two_steps(qwen2: str, tmp_path: Path) -> None:
     """Stage 4 (multi-turn, in the environment) for two steps with TRL's colocated vLLM, LoRA,
     bfloat16, gradient checkpointing: it trains and saves its merged checkpoint."""
