@@ -615,3 +615,19 @@ def test_the_documented_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyP
     for code in blocks:
         exec(compile(code, "docs/integrations.md", "exec"), {"__name__": "__main__"})
     assert (tmp_path / "train.parquet").exists()
+
+
+def test_a_dropped_trl_environment_frees_its_session() -> None:
+    """TRL's environments are never closed: one that TRL drops mid-episode frees its session."""
+    import gc
+
+    from birdenv.integrations.trl import BirdCriticTRLEnv
+
+    before = local_leases()
+    env = BirdCriticTRLEnv(suite=SUITE)
+    env.reset(task_id=TASK_ID)
+    assert env.execute_sql("CREATE TABLE probe AS SELECT 42 AS answer").startswith("status: ok")
+    assert local_leases() == before + 1
+    del env
+    gc.collect()
+    assert local_leases() == before

@@ -28,6 +28,7 @@ factory: ``train_dataset=suite_dataset(["gym-mini", "bird-mini-train"])`` and
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,9 @@ class BirdCriticTRLEnv:
         self.env = self._make_env(**env_kwargs)
         self.reward = 0.0
         self.done = False
+        # TRL never closes an environment: one it drops frees its session (an episode left open
+        # holds one) then, not at the process's exit.
+        weakref.finalize(self, self.env.close)
 
     @staticmethod
     def _make_env(**env_kwargs: Any) -> Any:
