@@ -46,6 +46,30 @@ def _session_processes(session: int) -> list[int]:
     return pids
 
 
+def _foreground(argv: list[str]) -> subprocess.Popen:
+    """Start ``birdtrain argv`` as a terminal starts a foreground job: in a process group of its
+    own (so that a signal to the group is Ctrl-C), with SIGINT at its default action.
+
+    A process started in the background by a shell without job control (``make test &``)
+    inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored; so would the command,
+    and Ctrl-C would never reach it. A handled signal is reset to its default on ``exec``:
+    SIGINT handled here while the command starts gives it the default a terminal's job has."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(
+            _birdtrain(*argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _wait_for(condition, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -159,14 +183,7 @@ def test_an_interrupt_is_one_line_leaves_no_process_and_resumes(
 ) -> None:
     argv = ["curriculum", "--output-dir", str(tmp_path), *EVAL_ONLY, *extra]
     run = tmp_path / "smoke"
-    command = subprocess.Popen(
-        _birdtrain(*argv),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    command = _foreground(argv)
     _wait_for(lambda: (run / "eval" / "before").exists() or command.poll() is not None)
     assert command.poll() is None, command.communicate()
     if signum == signal.SIGINT:
@@ -189,14 +206,7 @@ def test_an_interrupt_is_one_line_leaves_no_process_and_resumes(
 
 def test_an_interrupt_under_verbose_shows_the_traceback(tmp_path: Path) -> None:
     argv = ["-v", "curriculum", "--output-dir", str(tmp_path), *EVAL_ONLY]
-    command = subprocess.Popen(
-        _birdtrain(*argv),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    command = _foreground(argv)
     before = tmp_path / "smoke" / "eval" / "before"
     _wait_for(lambda: before.exists() or command.poll() is not None)
     assert command.poll() is None, command.communicate()
