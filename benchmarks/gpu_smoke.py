@@ -175,6 +175,35 @@ def stage3(model: str, out: str, learning_rate: str = "0.05") -> dict[str, Any]:
     }
 
 
+def stage3_full(model: str, out: str) -> dict[str, Any]:
+    """Two steps of stage 3 with colocated vLLM, fully fine-tuned (no LoRA): whether vLLM then
+    computes exactly what it computes from a checkpoint of the trained weights."""
+    from birdenv.tasks import load_tasks
+    from birdtrain.stages import grpo
+    from birdtrain.stages.common import train
+
+    cfg = _config(
+        model, out, "model.lora=false", "model.dtype=float32", "stage3.learning_rate=0.01"
+    )
+    trainer = grpo.build_trainer(
+        cfg, model_path=model, out_dir=Path(out) / "s3", tasks=load_tasks("critic-mini")[:2]
+    )
+    train(trainer)
+    generation = trainer.vllm_generation
+    generation.sync_weights()  # the weights after the last step
+    ids = trainer.processing_class.encode("SELECT name FROM customers WHERE")
+    synced = _greedy_logprobs(generation.llm, ids)
+    trainer.model.save_pretrained(Path(out) / "trained")
+    runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+    runner.reload_weights(weights_path=str(Path(out) / "trained"))
+    generation.llm.reset_prefix_cache()
+    return {
+        "steps": trainer.state.global_step,
+        "synced": synced,
+        "from_checkpoint": _greedy_logprobs(generation.llm, ids),
+    }
+
+
 def stage4(model: str, out: str) -> dict[str, Any]:
     """Two steps of stage 4 (multi-turn, in the environment) with colocated vLLM; its metrics,
     checkpoint and peak memory."""
@@ -195,7 +224,13 @@ def stage4(model: str, out: str) -> dict[str, Any]:
     }
 
 
-COMMANDS = {"build": build, "plan": plan, "stage3": stage3, "stage4": stage4}
+COMMANDS = {
+    "build": build,
+    "plan": plan,
+    "stage3": stage3,
+    "stage3_full": stage3_full,
+    "stage4": stage4,
+}
 
 if __name__ == "__main__":
     command, *args = sys.argv[1:]

@@ -286,6 +286,17 @@ def test_stage3_with_vllm_syncs_merged_lora_and_leaves_the_base(qwen2: str, tmp_
     assert len(result["logp_difference"]) == 2
 
 
+def test_stage3_with_vllm_full_fine_tuning_syncs_the_trained_weights(
+    qwen2: str, tmp_path: Path
+) -> None:
+    """Without LoRA, TRL loads each weight into vLLM itself, which vLLM's CPU backend refuses (it
+    repacks its linear layers); the sync reloads them through vLLM instead, and vLLM then computes
+    exactly what it computes from a checkpoint of the trained weights."""
+    result = _smoke("stage3_full", qwen2, str(tmp_path))
+    assert result["steps"] == 2
+    assert result["synced"] == result["from_checkpoint"]
+
+
 @pytest.mark.slow  # ~6 min on 2 loaded cores: .venv-vllm/bin/python -m pytest tests/test_vllm.py -m slow
 def test_stage4_with_vllm_two_steps(qwen2: str, tmp_path: Path) -> None:
     """Stage 4 (multi-turn, in the environment) for two steps with TRL's colocated vLLM, LoRA,

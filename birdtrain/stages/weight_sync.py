@@ -62,23 +62,25 @@ def _reload_on_cpu(generation: Any) -> None:
     """vLLM's CPU backend: every weight reloaded in checkpoint format, then the prefix cache reset."""
     runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
     runner.reload_weights(
-        weights_iterator=_iter_named_params(generation), is_checkpoint_format=True
+        weights_iterator=generation._iter_named_params(), is_checkpoint_format=True
     )
     generation.llm.reset_prefix_cache()
 
 
 def install(trainer: Any) -> None:
-    """Make ``trainer``'s vLLM weight sync merge LoRA adapters out of place (a no-op without vLLM,
-    or without adapters: TRL then reads the trained weights as they are)."""
+    """Make ``trainer``'s vLLM weight sync merge LoRA adapters out of place, and load through
+    ``reload_weights`` on vLLM's CPU backend (a no-op without vLLM; without adapters TRL reads
+    the trained weights as they are)."""
     from peft import PeftModel
 
     generation = getattr(trainer, "vllm_generation", None)
-    if generation is None or not isinstance(generation.model, PeftModel):
+    if generation is None:
         return
-    if generation._dist.is_fsdp or generation._dist.is_zero3:
-        # Sharded weights: TRL gathers them around its own merge; birdtrain trains on one device.
-        raise ValueError("the out-of-place vLLM weight sync supports one unsharded model")
-    generation._iter_named_params = types.MethodType(_iter_named_params, generation)
+    if isinstance(generation.model, PeftModel):
+        if generation._dist.is_fsdp or generation._dist.is_zero3:
+            # Sharded weights: TRL gathers them around its own merge; birdtrain uses one device.
+            raise ValueError("the out-of-place vLLM weight sync supports one unsharded model")
+        generation._iter_named_params = types.MethodType(_iter_named_params, generation)
     if generation.mode == "colocate":
         from vllm.platforms import current_platform
 
