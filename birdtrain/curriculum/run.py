@@ -313,6 +313,9 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+_INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
+
+
 def _child(conn: Any, fn: Any, args: tuple, kwargs: dict) -> None:
     """The body of an isolated process: run ``fn`` and send back its result or its exception.
 
@@ -321,6 +324,9 @@ def _child(conn: Any, fn: Any, args: tuple, kwargs: dict) -> None:
     _die_with_parent()
     raise_on_sigterm()
     try:
+        # The parent held the interrupts back while it started this process (see _isolated);
+        # one that came meanwhile is raised here, inside the handling below.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _INTERRUPTS)
         result = fn(*args, **kwargs)
     except BaseException as exc:
         if not isinstance(exc, KeyboardInterrupt):  # the parent reports an interrupt
@@ -353,9 +359,18 @@ def _isolated(
     sys.stderr.flush()
     process = context.Process(target=_child, args=(send, fn, args, kwargs), name=name)
     started = time.time()
-    process.start()
+    # An interrupt in the middle of start() would cut the new process's start-up data short (it
+    # would die printing an EOFError): SIGINT and SIGTERM wait until it has started, then are
+    # raised in the ``try`` below, which ends it with this one. It inherits the mask (_child).
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
+    try:
+        process.start()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
     send.close()
     try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         outcome = receive.recv()
     except EOFError:
         outcome = None  # it died before it could say anything (killed, or a crash in native code)
