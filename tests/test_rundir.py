@@ -169,6 +169,44 @@ def test_an_interrupt_says_what_it_interrupted_and_how_to_resume(tmp_path: Path)
     assert interrupted_message(KeyboardInterrupt()) == "interrupted by SIGINT"
 
 
+HELD_INTERRUPTS = """
+import os, signal, threading, time
+from birdtrain.rundir import interrupts_held, raise_on_sigterm
+
+raise_on_sigterm()
+# A second thread, as torch and tokenizers start: the kernel hands a process-directed signal to a
+# thread that does not block it, so blocking it in this thread alone would not hold it.
+threading.Thread(target=threading.Event().wait, daemon=True).start()
+order = []
+for signum in (signal.SIGTERM, signal.SIGINT):
+    try:
+        with interrupts_held():
+            os.kill(os.getpid(), signum)
+            for _ in range(100):
+                time.sleep(0.001)  # each call returns through the interpreter's signal check
+            order.append("body")
+    except KeyboardInterrupt as exc:
+        order.append(type(exc).__name__)
+print(order, signal.getsignal(signal.SIGTERM).__name__,
+      signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+"""
+
+
+def test_interrupts_held_are_raised_when_the_body_ends_even_with_other_threads() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", HELD_INTERRUPTS], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [
+        "['body',",
+        "'Terminated',",
+        "'body',",
+        "'KeyboardInterrupt']",
+        "_on_sigterm",
+        "True",
+    ]
+
+
 def test_the_lock_is_released_when_its_holder_ends(tmp_path: Path) -> None:
     holder = _start_holder(tmp_path)
     holder.terminate()

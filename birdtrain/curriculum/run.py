@@ -42,12 +42,14 @@ from typing import Any
 from birdenv.errors import ProcessDiedError
 from birdtrain.config import STAGES, CurriculumConfig
 from birdtrain.rundir import (
+    INTERRUPTS,
     NO_EFFECT,
     command_line,
     first_changed,
     flatten,
     folder_hash,
     hold,
+    interrupts_held,
     raise_on_sigterm,
     settings_differ,
     verify_folder,
@@ -313,9 +315,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-_INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
-
-
 def _child(conn: Any, fn: Any, args: tuple, kwargs: dict) -> None:
     """The body of an isolated process: run ``fn`` and send back its result or its exception.
 
@@ -326,7 +325,7 @@ def _child(conn: Any, fn: Any, args: tuple, kwargs: dict) -> None:
     try:
         # The parent held the interrupts back while it started this process (see _isolated);
         # one that came meanwhile is raised here, inside the handling below.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _INTERRUPTS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)
         result = fn(*args, **kwargs)
     except BaseException as exc:
         if not isinstance(exc, KeyboardInterrupt):  # the parent reports an interrupt
@@ -359,29 +358,25 @@ def _isolated(
     sys.stderr.flush()
     process = context.Process(target=_child, args=(send, fn, args, kwargs), name=name)
     started = time.time()
-    # An interrupt in the middle of start() would cut the new process's start-up data short (it
-    # would die printing an EOFError): SIGINT and SIGTERM wait until it has started, then are
-    # raised in the ``try`` below, which ends it with this one. It inherits the mask (_child).
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
     try:
-        process.start()
-    except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        raise
-    send.close()
-    try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        # An interrupt that comes while the process starts is raised once it has, here, where
+        # the process is ended with this one. It inherits the mask until _child unblocks it.
+        with interrupts_held():
+            process.start()
+            send.close()
         outcome = receive.recv()
     except EOFError:
         outcome = None  # it died before it could say anything (killed, or a crash in native code)
     except BaseException:  # an interrupt here: the process is ended with this one, not orphaned
-        process.terminate()
-        process.join(timeout=60)
-        if process.is_alive():
-            process.kill()
+        if process.pid is not None:
+            process.terminate()
+            process.join(timeout=60)
+            if process.is_alive():
+                process.kill()
         raise
     finally:
-        process.join()
+        if process.pid is not None:
+            process.join()
         receive.close()
     record = {
         "name": name,
