@@ -61,13 +61,11 @@ observation and the verdict in ``infos["final_obs"]`` and ``infos["final_info"]`
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import signal
-import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +75,7 @@ from gymnasium.utils import seeding
 
 from birdenv.compat import db_dir_argument
 from birdenv.envs import env_class_for
+from birdenv.interrupts import INTERRUPTS, deliver, interrupts_held
 from birdenv.tasks import load_tasks, source_kind
 
 __all__ = ["BACKENDS", "BIRD_ENV_ID", "ENV_ID", "MixedTaskEnv", "make_vec"]
@@ -237,39 +236,14 @@ def _leaving_ctrl_c_to_the_parent(parent: int, make: Callable[[], gym.Env]) -> g
     Ctrl-C signals the terminal's whole process group. A worker that raised on it would end on
     its own while its parent unwinds from its own ``KeyboardInterrupt``: the parent's ``close()``
     would then meet a broken pipe in place of the interrupt, and the worker print a traceback.
-    The parent ends its workers with ``close()``. The worker starts with SIGINT blocked
-    (:func:`make_vec`), so that no Ctrl-C reaches it before it ignores the signal. Gymnasium
+    The parent ends its workers with ``close()``. The worker starts with the interrupts blocked
+    (:func:`make_vec`), so that no Ctrl-C reaches it before it ignores the signal; SIGTERM keeps
+    its default. Gymnasium
     also builds one copy in the parent, to read its spaces: the parent keeps its own SIGINT."""
     if os.getpid() != parent:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)
     return make()
-
-
-@contextlib.contextmanager
-def _ctrl_c_held_back() -> Iterator[list[int]]:
-    """Start worker processes in the ``with`` block with SIGINT blocked (they inherit it), and
-    record a Ctrl-C this process receives meanwhile in the list yielded, instead of raising
-    ``KeyboardInterrupt`` halfway through starting them (which would leave them running, to be
-    killed later). Only the main thread, with Python's own SIGINT handler, records: elsewhere a
-    Ctrl-C is not this thread's to raise."""
-    received: list[int] = []
-    handler = signal.getsignal(signal.SIGINT)
-    record = (
-        threading.current_thread() is threading.main_thread()
-        and handler is signal.default_int_handler
-    )
-    if record:
-        signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            yield received
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    finally:
-        if record:
-            signal.signal(signal.SIGINT, handler)
 
 
 def _seed_env(env: gym.Env, seed: int | None) -> gym.Env:
@@ -457,11 +431,13 @@ def make_vec(
                 "(the shared buffer is decoded once, at construction); leave it False"
             )
         fns = [functools.partial(_leaving_ctrl_c_to_the_parent, os.getpid(), fn) for fn in fns]
-        with _ctrl_c_held_back() as interrupted:
+        with interrupts_held(delivered=False) as interrupted:
             envs = gym.vector.AsyncVectorEnv(fns, **options)
-        if interrupted:  # the workers ignore it: closed, they end, and the interrupt goes on
+        try:
+            deliver(interrupted)
+        except BaseException:  # the workers ignore Ctrl-C: closed, they end; the interrupt goes on
             envs.close()
-            raise KeyboardInterrupt
+            raise
     else:
         envs = gym.vector.SyncVectorEnv(fns, **(vector_kwargs or {}))
     if seed is not None:

