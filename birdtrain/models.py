@@ -186,6 +186,10 @@ def build_smollm(path: str | Path) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(quantized.state_dict())
     tokenizer.chat_template = qwen3_chat_template
+    # The token that ends an assistant turn in SmolLM2's template (and in generation_config).
+    # transformers 5.17's GGUF conversion, which a vLLM install resolves, reads the EOS as
+    # <|im_start|>; later releases read <|im_end|>.
+    tokenizer.eos_token = "<|im_end|>"
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -207,7 +211,8 @@ def resolve_model(name_or_path: str, *, cache: str | Path | None = None) -> str:
             build_tiny_model(target, vocab_size=4096, corpus=prompt_corpus(), hidden_size=96)
         return str(target)
     if name_or_path == "smollm":
-        target = cache / "smollm2-135m-instruct"
+        # v2: the EOS set whatever transformers converts the GGUF with (see build_smollm).
+        target = cache / "smollm2-135m-instruct-v2"
         if not (target / "config.json").is_file():
             build_smollm(target)
         return str(target)
