@@ -189,9 +189,8 @@ class DatabasePool:
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="birdenv-pg")
         self._futures: set[Future[Any]] = set()
         self._closed = False
-        # Failures of background work, raised by the next lease they concern: a clone's by the
-        # next lease of its template, a drop's (a clone left behind) by the next lease of any.
-        self._errors: dict[str | None, list[BaseException]] = collections.defaultdict(list)
+        # Failures of background drops (a clone left behind), raised by the next lease.
+        self._errors: list[BaseException] = []
         self._setup()
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -314,13 +313,13 @@ class DatabasePool:
         conn.execute(f"DROP DATABASE IF EXISTS {_quote(name)} WITH (FORCE)")
         conn.execute(f"DROP ROLE IF EXISTS {_quote(name)}")
 
-    def _submit(self, fn: Callable[..., Any], *args: Any, template: str | None = None) -> None:
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
         def run() -> None:
             try:
                 fn(*args)
             except BaseException as exc:  # kept, and raised by a later lease (never lost)
                 with self._lock:
-                    self._errors[template].append(exc)
+                    self._errors.append(exc)
 
         future = self._executor.submit(run)
         with self._lock:
@@ -339,6 +338,10 @@ class DatabasePool:
     def _refill(self, template: str) -> None:
         try:
             name = self._again(self._clone, template)
+        except Exception:
+            # One ready clone fewer (e.g. the disk was full): the next lease that finds none
+            # clones it then, and raises that clone's error if it fails again.
+            return
         finally:
             with self._lock:
                 self._pending[template] -= 1
@@ -355,7 +358,7 @@ class DatabasePool:
             missing = self.ready - len(self._ready[template]) - self._pending[template]
             self._pending[template] += max(missing, 0)
         for _ in range(max(missing, 0)):
-            self._submit(self._refill, template, template=template)
+            self._submit(self._refill, template)
 
     def warm(self, template: str) -> None:
         """Start cloning ``template`` in the background so that its first lease is ready."""
@@ -367,14 +370,18 @@ class DatabasePool:
         with self._lock:
             if self._closed:
                 raise PoolClosedError("this database pool is closed")
-            failed = self._errors.get(template) or self._errors.get(None)
-            if failed:
-                error = failed.pop(0)
-                raise PostgresServerError(f"a background clone or drop failed: {error}") from error
+            if self._errors:
+                error = self._errors.pop(0)
+                raise PostgresServerError(f"a background drop failed: {error}") from error
             queue = self._ready[template]
             name = queue.popleft() if queue else None
         if name is None:
-            name = self._clone(template)
+            try:
+                name = self._clone(template)
+            except psycopg().Error as exc:
+                raise PostgresServerError(
+                    f"cannot clone {template} on {self.server.description}: {str(exc).strip()}"
+                ) from exc
         self._top_up(template)
         return Lease(name, template)
 
@@ -401,6 +408,8 @@ class DatabasePool:
                     " (the server's max_connections is reached: close sessions, or raise it "
                     "on the server)"
                 )
+            elif "could not write" in text or "No space left on device" in text:
+                text += " (the disk under the server's data directory may be full)"
             raise PostgresServerError(
                 f"cannot connect to clone {lease.name} on {self.server.description}: {text}"
             ) from exc

@@ -112,7 +112,11 @@ class PgSession:
         self.lease = lease
         self.limits = limits
         self.task_id = task_id
-        self._conn: Any = pool.connect(lease)
+        try:
+            self._conn: Any = pool.connect(lease)
+        except BaseException:
+            pool.release(lease)  # e.g. out of connections or disk: the clone is not kept
+            raise
 
     @property
     def db_name(self) -> str:
@@ -141,8 +145,9 @@ class PgSession:
 
     def _lost(self, exc: BaseException) -> PostgresServerError:
         return PostgresServerError(
-            f"the connection to {self.db_name} was lost ({str(exc).strip()}); the server may "
-            "have stopped: this episode cannot go on, reset starts a new one"
+            f"the connection to {self.db_name} was lost ({str(exc).strip()}); the server "
+            "stopped or restarted (killed, or out of disk space): this episode cannot go on, "
+            "reset starts a new one"
         )
 
     def prepare(self, sql: str) -> None:
@@ -163,7 +168,7 @@ class PgSession:
     def execute(self, sql: str, *, timeout: float | None = None) -> Result:
         """Run one statement; its errors and timeouts come back in the :class:`Result` (a
         statement that ends its own connection too: a new one is opened). A server that stopped
-        raises :class:`PostgresServerError`."""
+        or restarted under the statement raises :class:`PostgresServerError`."""
         conn = self._live()
         limit = timeout if timeout is not None else self.limits.statement_timeout
         start = time.monotonic()
@@ -190,6 +195,10 @@ class PgSession:
         except psycopg().Error as exc:
             message = str(exc).strip() or type(exc).__name__
             if conn.closed:
+                if not isinstance(exc, psycopg().errors.AdminShutdown):
+                    # Not ended by a statement of its own: the server crashed (a backend that
+                    # cannot write its WAL on a full disk takes every session down) or stopped.
+                    raise self._lost(exc) from exc
                 message = self._reconnect(exc, message)
             return Result([], [], -1, False, message, time.monotonic() - start)
         except (ValueError, MemoryError) as exc:  # NUL characters; a value too large to build
