@@ -157,6 +157,9 @@ class Shipment:
         roots = _stage(self.databases.values(), self.server)
         out = []
         for task in tasks:
+            if task.db_dir is None:  # a database the PostgreSQL server holds: nothing to move
+                out.append(task)
+                continue
             ref = self.databases[(str(task.db_dir), task.db_id)]
             out.append(dataclasses.replace(task, db_dir=roots[ref.sha256]))
         return out
@@ -179,7 +182,9 @@ def ship(tasks: Iterable[Any]) -> Shipment:
     paths: dict[str, str] = {}
     for task in tasks:
         key = (str(task.db_dir), task.db_id)
-        if key in databases:
+        if key in databases or task.db_dir is None:
+            # Without a folder the database is a template on the PostgreSQL server
+            # (BIRDENV_PG_DSN, which every node must then reach).
             continue
         path = task.db_path
         sha = _sha256_of(path)

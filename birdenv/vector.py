@@ -1,5 +1,6 @@
-"""Vectorized ``BirdCritic-SQLite-v0`` and ``BirdSQL-SQLite-v0``: N trajectories at once over one
-replica store, of one task kind or of a weighted mixture of both.
+"""Vectorized ``BirdCritic-SQLite-v0``, ``BirdCritic-PostgreSQL-v0`` and ``BirdSQL-SQLite-v0``: N
+trajectories at once over one replica store (or PostgreSQL server), of one task kind or of a
+weighted mixture.
 
 :func:`make_vec` builds N copies of the environment, in worker processes
 (:class:`gymnasium.vector.AsyncVectorEnv`), in this one (:class:`gymnasium.vector.SyncVectorEnv`),
@@ -28,15 +29,16 @@ observation afterwards, without an error.
 
 Mixtures of task kinds
 ----------------------
-One vector env can hold debugging and text-to-SQL episodes at once. Every copy is then a
-:class:`MixedTaskEnv`: it owns one ``BirdCriticEnv`` and one ``BirdSQLEnv`` (or one env per named
-task source), routes ``reset(options={"task_id": ...})`` to the env that owns the task, and on a
+One vector env can hold debugging and text-to-SQL episodes at once, on SQLite and PostgreSQL.
+Every copy is then a :class:`MixedTaskEnv` (:mod:`birdenv.envs.mixed`): it owns one env per named
+task source (each of its tasks' kind and dialect), routes ``reset(options={"task_id": ...})`` to the env that owns the task, and on a
 plain ``reset()`` draws the source by weight with its own ``np_random`` (seeded, reproducible).
 Observation and action spaces are the same text spaces as either env's, so a rollout loop cannot
 tell the difference::
 
     envs = make_vec(8, mixture={"gym-mini": 0.7, "bird-mini-train": 0.3}, seed=0)
     envs = make_vec(8, tasks=critic_tasks + bird_tasks)    # weights: the sources' sizes
+    envs = make_vec(8, mixture={"gym-mini": 0.5, "gym-mini-pg": 0.5})   # SQLite and PostgreSQL
 
 ``info["source"]`` names the source of each episode.
 
@@ -65,18 +67,17 @@ import functools
 import os
 import signal
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 from gymnasium.utils import seeding
 
 from birdenv.compat import db_dir_argument
-from birdenv.envs import env_class_for
+from birdenv.envs import MixedTaskEnv, env_groups
 from birdenv.interrupts import INTERRUPTS, deliver, interrupts_held
-from birdenv.tasks import load_tasks, source_kind
+from birdenv.tasks import load_tasks
 
 __all__ = ["BACKENDS", "BIRD_ENV_ID", "ENV_ID", "MixedTaskEnv", "make_vec"]
 
@@ -88,145 +89,6 @@ BIRD_ENV_ID = "BirdSQL-SQLite-v0"
 BACKENDS = ("async", "sync", "ray")
 # Steps per episode when the registration's TimeLimit is not there to say (MixedTaskEnv).
 _DEFAULT_MAX_STEPS = 5
-
-
-class MixedTaskEnv(gym.Env[str, str]):
-    """One environment over several task sources, debugging and text-to-SQL alike.
-
-    Each source (a name and its tasks, or a suite name / file to load) gets its own environment of
-    its kind (``BirdCritic-SQLite-v0`` or ``BirdSQL-SQLite-v0``). ``reset(options={"task_id": id})``
-    starts an episode in the env that owns ``id``; a plain ``reset()`` draws a source with
-    probability proportional to its weight, using this env's ``np_random``, and the source's env
-    draws the task. ``step``, ``render`` and the spaces are the active env's (the same text spaces
-    for every kind). ``info["source"]`` names the episode's source. Task ids must be unique across
-    sources.
-
-    Args:
-        sources: Source name → a list of tasks, or a suite name / file for
-            :func:`birdenv.tasks.load_tasks`.
-        weights: Source name → sampling weight (non-negative, not all 0); default: each source's
-            number of tasks, i.e. uniform over all tasks.
-        db_dir: Database folder for sources given as files (``db_root``: its old name).
-        **env_kwargs: Passed to every source's env: ``reward``, ``pool``, ``pool_options``,
-            ``statement_timeout``, ``max_rows``, ``max_result_bytes``, ``render_mode``,
-            ``prompt_options``.
-    """
-
-    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012
-
-    def __init__(
-        self,
-        sources: Mapping[str, Sequence[Any] | str | Path],
-        weights: Mapping[str, float] | None = None,
-        *,
-        db_dir: str | Path | None = None,
-        db_root: str | Path | None = None,
-        **env_kwargs: Any,
-    ) -> None:
-        db_dir = db_dir_argument(db_dir, db_root, "MixedTaskEnv")
-        if not sources:
-            raise ValueError("a mixture needs at least one task source")
-        self.envs: dict[str, Any] = {}
-        self._owner: dict[str, str] = {}
-        sizes = {}
-        for name, source in sources.items():
-            tasks = (
-                load_tasks(source, db_dir=db_dir)
-                if isinstance(source, (str, Path))
-                else list(source)
-            )
-            if not tasks:
-                raise ValueError(f"task source {name!r} holds no tasks")
-            kinds = {type(t) for t in tasks}
-            if len(kinds) != 1:
-                raise ValueError(
-                    f"task source {name!r} mixes task kinds {sorted(k.kind for k in kinds)}: "
-                    "give one source per kind"
-                )
-            for task in tasks:
-                other = self._owner.setdefault(task.instance_id, name)
-                if other != name:
-                    raise ValueError(
-                        f"task id {task.instance_id!r} is in both {other!r} and {name!r}: ids must "
-                        "be unique across the sources of a mixture"
-                    )
-            # The env of the kind, without the TimeLimit: this env carries one.
-            self.envs[name] = env_class_for(type(tasks[0]))(tasks=tasks, **env_kwargs)
-            sizes[name] = len(tasks)
-        weights = dict(sizes if weights is None else weights)
-        if set(weights) != set(self.envs):
-            raise ValueError(
-                f"weights name {sorted(weights)} but the sources are {sorted(self.envs)}"
-            )
-        values = np.array([float(weights[name]) for name in self.envs])
-        if (values < 0).any() or not np.isfinite(values).all() or values.sum() <= 0:
-            raise ValueError(f"weights must be finite, non-negative and not all 0, got {weights}")
-        self.names = list(self.envs)
-        self.weights = dict(zip(self.names, (values / values.sum()).tolist(), strict=True))
-        self._p = values / values.sum()
-        first = next(iter(self.envs.values()))
-        self.observation_space = first.observation_space
-        self.action_space = first.action_space
-        self.render_mode = env_kwargs.get("render_mode")
-        self.active: str | None = None
-        self._sub_seeds: dict[str, int] = {}
-
-    def _seed_sources(self) -> None:
-        # Every source's env draws its tasks from its own generator, seeded from this one's.
-        draws = self.np_random.integers(2**31, size=len(self.names))
-        self._sub_seeds = {name: int(s) for name, s in zip(self.names, draws, strict=True)}
-
-    @property
-    def env(self) -> Any:
-        """The env of the current episode's source."""
-        if self.active is None:
-            raise gym.error.ResetNeeded("call reset() first")
-        return self.envs[self.active]
-
-    @property
-    def task(self) -> Any:
-        """The current episode's task (``None`` before the first reset)."""
-        return None if self.active is None else self.envs[self.active].task
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        """Start an episode: on ``options["task_id"]``, else on a task of a source drawn by weight."""
-        super().reset(seed=seed)
-        if seed is not None:
-            self._seed_sources()
-        task_id = (options or {}).get("task_id")
-        if task_id is not None:
-            if str(task_id) not in self._owner:
-                raise KeyError(f"unknown task_id {task_id!r}")
-            name = self._owner[str(task_id)]
-        else:
-            name = self.names[int(self.np_random.choice(len(self.names), p=self._p))]
-        if self.active is not None and self.active != name:
-            # One session at a time per copy: leave the other source's episode behind.
-            self.envs[self.active]._release()
-        self.active = name
-        observation, info = self.envs[name].reset(
-            seed=self._sub_seeds.pop(name, None), options=options
-        )
-        info["source"] = name
-        return observation, info
-
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """The active env's step; ``info["source"]`` added."""
-        observation, reward, terminated, truncated, info = self.env.step(action)
-        info["source"] = self.active
-        return observation, reward, terminated, truncated, info
-
-    def render(self) -> str | None:
-        """The active episode's conversation as text (``render_mode="ansi"``)."""
-        return None if self.active is None else self.envs[self.active].render()
-
-    def close(self) -> None:
-        """Close every source's env (safe to call twice)."""
-        for env in self.envs.values():
-            env.close()
-        super().close()
 
 
 def _leaving_ctrl_c_to_the_parent(parent: int, make: Callable[[], gym.Env]) -> gym.Env:
@@ -314,9 +176,10 @@ def make_vec(
     """``num_envs`` copies of ``BirdCritic-SQLite-v0``, ``BirdSQL-SQLite-v0`` or a mixture of both,
     as one :class:`gymnasium.vector.VectorEnv`.
 
-    Which environment: ``tasks=`` of one kind (or a ``suite`` of one kind: ``critic-mini``,
-    ``bird-mini-eval`` ...) gives that kind's env; ``tasks=`` holding both kinds, or ``mixture=``,
-    gives :class:`MixedTaskEnv` copies.
+    Which environment: the one of the tasks' kind and dialect (:func:`birdenv.envs.env_class_for`):
+    ``tasks=`` (or a ``suite``: ``critic-mini``, ``critic-mini-pg``, ``bird-mini-eval`` ...) that
+    one environment plays gives that env; ``tasks=`` that need several (both kinds, or debugging
+    tasks on SQLite and on PostgreSQL), or ``mixture=``, give :class:`MixedTaskEnv` copies.
 
     Args:
         num_envs: How many copies (trajectories in flight at once).
@@ -367,24 +230,38 @@ def make_vec(
     sources: dict[str, Any] | None = None
     weights: dict[str, float] | None = None
     env_id = ENV_ID
-    if backend == "ray":
+    if tasks is None and mixture is None:
+        tasks = suite
+    if backend == "ray" and (isinstance(tasks, (str, Path)) or tasks is None):
         # Nodes need not see the driver's files: load the tasks here; their databases travel.
         db_dir = kwargs.pop("db_dir", None)
-        if tasks is None and mixture:
+        if tasks is None:
+            if not mixture:
+                raise ValueError("mixture is empty: name at least one task source")
             sources = {str(name): load_tasks(name, db_dir=db_dir) for name in mixture}
             weights = dict(mixture)
-        elif (tasks is None and mixture is None) or isinstance(tasks, (str, Path)):
-            tasks = load_tasks(suite if tasks is None else tasks, db_dir=db_dir)
+        else:
+            tasks = load_tasks(tasks, db_dir=db_dir)
+    if isinstance(tasks, (str, Path)) and mixture is None:
+        # The environment is the tasks' own (by kind and dialect): read them here to choose it,
+        # and let every copy load them by name, as it would anyway.
+        groups = env_groups(load_tasks(tasks, db_dir=kwargs.get("db_dir")))
+        if len(groups) == 1:
+            env_id = next(iter(groups))
+        else:
+            tasks = [t for group in groups.values() for t in group]
     if tasks is not None and not isinstance(tasks, (str, Path)):
         tasks = list(tasks)
         by_kind: dict[str, list[Any]] = {}
         for task in tasks:
             by_kind.setdefault(task.kind, []).append(task)
-        if len(by_kind) > 1 or mixture is not None:
+        # Several kinds, or one kind in several dialects: MixedTaskEnv copies, one source per kind
+        # (each source's env plays its tasks in their own dialects).
+        if len(by_kind) > 1 or mixture is not None or len(env_groups(tasks)) > 1:
             sources = by_kind
             weights = None if mixture is None else dict(mixture)
         elif tasks:
-            env_id = tasks[0].env_id
+            env_id = next(iter(env_groups(tasks)))
     elif mixture is not None and sources is None:
         if not mixture:
             raise ValueError("mixture is empty: name at least one task source")
@@ -403,13 +280,8 @@ def make_vec(
             for i in range(num_envs)
         ]
     else:
-        if tasks is not None:
-            kwargs["tasks"] = tasks
-            if isinstance(tasks, (str, Path)):
-                env_id = source_kind(tasks).env_id
-        else:
-            kwargs["suite"] = suite
-            env_id = source_kind(suite).env_id
+        kwargs["tasks"] = tasks
+        kwargs.pop("suite", None)
         shipment = _ship(tasks, backend)
         fns = [
             functools.partial(

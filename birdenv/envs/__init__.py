@@ -1,24 +1,31 @@
-"""The environments of birdenv: one per kind of task, on one core (:class:`ToolEnv`)."""
+"""The environments of birdenv: one per kind of task and dialect, on one core (:class:`ToolEnv`).
+
+Which environment plays a task is one rule, :func:`env_class_for`: the environment registered for
+the task's :attr:`~birdenv.tasks.BaseTask.kind` and :attr:`~birdenv.tasks.BaseTask.dialect`
+(:data:`ENVIRONMENTS`), the way :mod:`birdenv.judge.scoring` picks its judge. Every entry point
+that plays tasks (:func:`birdenv.vector.make_vec` and its Ray backend, the TRL adapter,
+``birdtrain eval``, mixtures and the curriculum) asks it, through :func:`task_env` for a task set
+that may hold several.
+"""
 
 from __future__ import annotations
 
-import gymnasium as gym
-from gymnasium.envs.registration import load_env_creator
-
 from birdenv.envs.base import ToolEnv
 from birdenv.envs.bird_sql import BirdSQLEnv
+from birdenv.envs.choice import ENVIRONMENTS, env_class_for, env_groups, env_id_for
 from birdenv.envs.critic import BirdCriticEnv
-from birdenv.tasks import BaseTask
+from birdenv.envs.critic_pg import BirdCriticPgEnv
+from birdenv.envs.mixed import MixedTaskEnv, task_env
 
-__all__ = ["BirdCriticEnv", "BirdSQLEnv", "ToolEnv", "env_class_for"]
-
-
-def env_class_for(kind: type[BaseTask]) -> type[ToolEnv]:
-    """The environment class registered for a kind of task (``kind.env_id``), without the wrappers
-    ``gymnasium.make`` adds.
-
-    >>> from birdenv.tasks import BirdTask
-    >>> env_class_for(BirdTask).__name__
-    'BirdSQLEnv'
-    """
-    return load_env_creator(gym.spec(kind.env_id).entry_point)
+__all__ = [
+    "ENVIRONMENTS",
+    "BirdCriticEnv",
+    "BirdCriticPgEnv",
+    "BirdSQLEnv",
+    "MixedTaskEnv",
+    "ToolEnv",
+    "env_class_for",
+    "env_groups",
+    "env_id_for",
+    "task_env",
+]

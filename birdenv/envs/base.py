@@ -33,6 +33,7 @@ from birdenv.tools import (
 
 __all__ = [
     "CHARSET",
+    "ENVIRONMENTS",
     "MAX_TEXT",
     "REWARDS",
     "ToolEnv",
@@ -88,10 +89,6 @@ _PROMPT = """You are a SQL assistant. Your task is to {goal}. You can explore th
 {tools}"""
 
 
-# Where a task of another dialect is played (for the refusal's message).
-_ENV_BY_DIALECT = {"postgresql": "BirdCritic-PostgreSQL-v0", "sqlite": "BirdCritic-SQLite-v0"}
-
-
 def render_prompt(task: BaseTask, options: PromptOptions | None = None) -> str:
     """The user prompt of a task of either kind: the schema (under ``options``), the task's own
     sections (:meth:`~birdenv.tasks.BaseTask.prompt_sections`), the tool instructions and the
@@ -103,6 +100,12 @@ def render_prompt(task: BaseTask, options: PromptOptions | None = None) -> str:
         tools=TOOL_INSTRUCTIONS,
     )
     return f"{prompt}\n{task.submission_rule}" if task.submission_rule else prompt
+
+
+#: The environment class of each ``(kind, dialect)`` of task (dialect in lower case): the first
+#: :class:`ToolEnv` subclass defined for it, as each names its :attr:`~ToolEnv.task_type` and
+#: :attr:`~ToolEnv.dialect` (:func:`birdenv.envs.env_class_for` reads it).
+ENVIRONMENTS: dict[tuple[str, str], type[ToolEnv]] = {}
 
 
 class ToolEnv(gym.Env[str, str]):
@@ -118,6 +121,9 @@ class ToolEnv(gym.Env[str, str]):
     task_type: ClassVar[type[BaseTask]]
     #: The id this environment is registered under (default: its kind's).
     env_id: ClassVar[str] = ""
+    #: The dialect (lower case) whose tasks of :attr:`task_type` this environment is chosen for
+    #: (:func:`birdenv.envs.env_class_for`).
+    dialect: ClassVar[str] = "sqlite"
     #: The dialects (lower case) of the tasks it plays: their databases are served by its pool.
     dialects: ClassVar[tuple[str, ...]] = ("sqlite",)
 
@@ -125,6 +131,8 @@ class ToolEnv(gym.Env[str, str]):
         super().__init_subclass__(**kwargs)
         if not cls.__dict__.get("env_id") and "task_type" in cls.__dict__:
             cls.env_id = cls.task_type.env_id
+        if "task_type" in cls.__dict__ or "dialect" in cls.__dict__:
+            ENVIRONMENTS.setdefault((cls.task_type.kind, cls.dialect), cls)
 
     def __init__(
         self,
@@ -167,13 +175,15 @@ class ToolEnv(gym.Env[str, str]):
             raise TaskKindError(
                 f"{name} plays {self.task_type.__name__} tasks, but {wrong.instance_id!r} is a "
                 f"{type(wrong).__name__}: use {getattr(wrong, 'env_id', 'another environment')} "
-                "(or birdenv.vector.MixedTaskEnv for both kinds)"
+                "(or birdenv.envs.task_env for tasks of several kinds)"
             )
         foreign = next((t for t in tasks if t.dialect.lower() not in self.dialects), None)
         if foreign is not None:
+            home = ENVIRONMENTS.get((foreign.kind, foreign.dialect.lower()))
             raise TaskKindError(
                 f"{name} plays tasks on {' or '.join(self.dialects)}, but {foreign.instance_id!r} "
-                f"is a {foreign.dialect} task: use {_ENV_BY_DIALECT.get(foreign.dialect.lower(), 'the environment of its dialect')}"
+                f"is a {foreign.dialect} task: use "
+                f"{home.env_id if home else 'the environment of its dialect'}"
             )
         self.tasks = list(tasks)
         self._by_id = {str(t.instance_id): t for t in self.tasks}

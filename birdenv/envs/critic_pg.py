@@ -50,6 +50,7 @@ class BirdCriticPgEnv(BirdCriticEnv):
     """
 
     env_id: ClassVar[str] = "BirdCritic-PostgreSQL-v0"
+    dialect: ClassVar[str] = "postgresql"
     #: Rows of a file that name no dialect are read as SQLite's: they are played here.
     dialects: ClassVar[tuple[str, ...]] = ("postgresql", "sqlite")
 

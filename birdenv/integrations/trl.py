@@ -39,27 +39,49 @@ from birdenv.tools import format_tool_call
 __all__ = ["BirdCriticTRLEnv", "BirdSQLTRLEnv", "environment_factories", "suite_dataset"]
 
 
+def _task_env(
+    default_suite: str,
+    *,
+    suite: str | None = None,
+    tasks: str | Path | list[Any] | None = None,
+    db_dir: str | Path | None = None,
+    db_root: str | Path | None = None,
+    **env_kwargs: Any,
+) -> Any:
+    """The environment of the tasks (of ``suite``, ``tasks`` or ``default_suite``): each task's own
+    kind's and dialect's (:func:`birdenv.envs.task_env`), so PostgreSQL tasks play on PostgreSQL."""
+    from birdenv.compat import db_dir_argument
+    from birdenv.envs import task_env
+    from birdenv.errors import ArgumentError
+    from birdenv.tasks import load_tasks
+
+    if suite is not None and tasks is not None:
+        raise ArgumentError("give either suite= or tasks= (with db_dir=), not both")
+    db_dir = db_dir_argument(db_dir, db_root, "the TRL adapter", stacklevel=4)
+    if not isinstance(tasks, list):
+        tasks = load_tasks(tasks if tasks is not None else (suite or default_suite), db_dir=db_dir)
+    return task_env(tasks, **env_kwargs)
+
+
 class BirdCriticTRLEnv:
     """One rollout's environment for TRL: ``reset``, two tools, ``get_reward``.
 
     Keyword arguments are those of :class:`~birdenv.envs.critic.BirdCriticEnv` (``suite``,
     ``tasks``, ``db_dir``, ``reward``, ``pool``, ...); pass them with ``functools.partial`` as the
-    factory.
+    factory. Each task plays in the environment of its kind and dialect: PostgreSQL tasks
+    (``suite="gym-mini-pg"``) on ``BirdCritic-PostgreSQL-v0``, a list of both dialects on both.
     """
 
+    #: The suite played when neither ``suite=`` nor ``tasks=`` is given.
+    default_suite = "critic-mini"
+
     def __init__(self, **env_kwargs: Any) -> None:
-        self.env = self._make_env(**env_kwargs)
+        self.env = _task_env(self.default_suite, **env_kwargs)
         self.reward = 0.0
         self.done = False
         # TRL never closes an environment: one it drops frees its session (an episode left open
         # holds one) then, not at the process's exit.
         weakref.finalize(self, self.env.close)
-
-    @staticmethod
-    def _make_env(**env_kwargs: Any) -> Any:
-        from birdenv.envs.critic import BirdCriticEnv
-
-        return BirdCriticEnv(**env_kwargs)
 
     def reset(self, **row: Any) -> str:
         """Start the rollout on the row's task (``task_id``; else a task drawn at random)."""
@@ -98,11 +120,7 @@ class BirdSQLTRLEnv(BirdCriticTRLEnv):
     ``"bird-mini-eval"``; or ``tasks`` with ``db_dir``; ``pool``, ...).
     """
 
-    @staticmethod
-    def _make_env(**env_kwargs: Any) -> Any:
-        from birdenv.envs.bird_sql import BirdSQLEnv
-
-        return BirdSQLEnv(**env_kwargs)
+    default_suite = "bird-mini-eval"
 
 
 def _tasks(source: str | Path | Sequence[Any], db_dir: str | Path | None) -> list[Any]:
@@ -158,7 +176,8 @@ def environment_factories(
     """TRL's multi-environment ``environment_factory`` for a mixture of both task kinds.
 
     Keys are the ``environment`` values of :func:`suite_dataset` rows: ``"critic"`` makes a
-    :class:`BirdCriticTRLEnv` over ``critic`` (a suite name, a file or tasks), ``"bird"`` a
+    :class:`BirdCriticTRLEnv` over ``critic`` (a suite name, a file or tasks, e.g.
+    ``["gym-mini", "gym-mini-pg"]``: SQLite and PostgreSQL tasks), ``"bird"`` a
     :class:`BirdSQLTRLEnv` over ``bird``. Each task set is loaded once here and shared by every
     rollout's environment; ``env_kwargs`` (``reward``, ``pool``, ``statement_timeout`` ...) go to
     both.

@@ -20,12 +20,14 @@ from typing import Any
 import sqlglot
 from sqlglot import exp
 
+from birdenv.agents import SCHEMA_QUERY
 from birdenv.replicas.pool import ReplicaPool
 from birdenv.replicas.session import Session
 from birdenv.sql import quiet_sqlglot, referenced_tables
 from birdenv.tasks import Task
 
 __all__ = [
+    "SCHEMA_QUERIES",
     "Evidence",
     "StatementRun",
     "describe_changes",
@@ -34,6 +36,14 @@ __all__ = [
     "summarize_run",
     "tables_touched",
 ]
+
+#: What lists a database's tables and views, ``| type | name |``, in each dialect.
+SCHEMA_QUERIES = {
+    "sqlite": SCHEMA_QUERY,
+    "postgresql": "SELECT CASE table_type WHEN 'VIEW' THEN 'view' ELSE 'table' END AS type, "
+    "table_name AS name FROM information_schema.tables WHERE table_schema = current_schema() "
+    "ORDER BY name",
+}
 
 _DML = re.compile(r"^\s*(insert|update|delete|replace)\b", re.IGNORECASE)
 _READ = re.compile(r"^\s*(select|with)\b", re.IGNORECASE)
@@ -230,8 +240,11 @@ def tables_touched(sqls: list[str], existing: set[str] | None = None) -> list[st
     return [n for n in referenced_tables(sqls) if existing is None or n.lower() in existing]
 
 
-def run_statements(session: Session, sqls: list[str]) -> list[StatementRun]:
-    """Run ``sqls`` in order on ``session`` until the first error (as the evaluator does)."""
+def run_statements(
+    session: Session, sqls: list[str], dialect: str = "sqlite"
+) -> list[StatementRun]:
+    """Run ``sqls`` in order on ``session`` until the first error (as the evaluator does); the
+    rows a write changed are counted on SQLite (``changes()``), left unknown elsewhere."""
     runs = []
     for sql in sqls:
         result = session.execute(sql)
@@ -239,7 +252,7 @@ def run_statements(session: Session, sqls: list[str]) -> list[StatementRun]:
         if result.ok:
             run.columns, run.rows = list(result.columns), list(result.rows)
             run.row_count, run.truncated = len(result.rows), result.truncated
-            if _DML.match(sql):
+            if _DML.match(sql) and dialect == "sqlite":
                 changed = session.execute("SELECT changes()")
                 run.changed = int(changed.rows[0][0]) if changed.ok else None
         runs.append(run)
@@ -294,18 +307,21 @@ def summarize_run(run: StatementRun, *, rows: int = 3) -> str:
 def gather_evidence(task: Task, pool: ReplicaPool) -> Evidence:
     """Run the issue SQL and the fix on two fresh sessions of ``task`` and compare them.
 
-    Raises :class:`birdenv.errors.PreprocessError` when the task's ``preprocess_sql`` fails.
+    ``pool`` leases SQLite sessions; a PostgreSQL task's sessions are clones on the process's
+    PostgreSQL server (:func:`birdenv.judge.postgres.default_task_databases`), unless ``pool`` is
+    a :class:`~birdenv.judge.postgres.TaskDatabases`. Raises
+    :class:`birdenv.errors.PreprocessError` when the task's ``preprocess_sql`` fails.
     """
+    dialect = task.dialect.lower()
+    if dialect != "sqlite" and isinstance(pool, ReplicaPool):
+        from birdenv.judge.postgres import default_task_databases  # psycopg: PostgreSQL only
+
+        pool = default_task_databases()
     with pool.session(task) as session:
-        issue_runs = run_statements(session, list(task.issue_sql))
-        existing = {
-            row[0].lower()
-            for row in session.execute(
-                "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
-            ).rows
-        }
+        issue_runs = run_statements(session, list(task.issue_sql), dialect)
+        existing = {row[1].lower() for row in session.execute(SCHEMA_QUERIES[dialect]).rows}
     with pool.session(task) as session:
-        fix_runs = run_statements(session, list(task.sol_sql))
+        fix_runs = run_statements(session, list(task.sol_sql), dialect)
     issue_trees = [_parse(s) for s in task.issue_sql]
     fix_trees = [_parse(s) for s in task.sol_sql]
     before, after = _functions(issue_trees), _functions(fix_trees)

@@ -25,11 +25,12 @@ import gymnasium as gym
 
 import birdenv  # noqa: F401 - registers BirdCritic-SQLite-v0
 from birdenv.agents import SCHEMA_QUERY
+from birdenv.envs import env_groups, env_id_for
 from birdenv.errors import PreprocessError
 from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.tasks import Task
 from birdenv.tools import TOOL_SCHEMAS, format_tool_call
-from birdtrain.data.evidence import Evidence, gather_evidence, summarize_run
+from birdtrain.data.evidence import SCHEMA_QUERIES, Evidence, gather_evidence, summarize_run
 from birdtrain.endpoint import Teacher
 
 __all__ = [
@@ -155,7 +156,7 @@ class OfflineExpert(PlannedExpert):
         if budget >= 3:
             # An expert first looks at what the database holds; with few turns it goes straight
             # to reproducing the problem.
-            steps.append(("schema", SCHEMA_QUERY))
+            steps.append(("schema", SCHEMA_QUERIES.get(task.dialect.lower(), SCHEMA_QUERY)))
         if budget >= 1 and task.issue_sql:
             steps.append(("issue", task.issue_sql[0]))
         tries: list[tuple[str, str]] = []
@@ -287,7 +288,8 @@ def build_tool_trajectories(
     progress: bool = True,
     prompt: Any = None,
 ) -> list[dict[str, Any]]:
-    """Stage-2 trajectories for ``tasks``, played in a real ``BirdCritic-SQLite-v0`` episode each.
+    """Stage-2 trajectories for ``tasks``, played in a real episode each, in the environment of
+    the task's dialect (``BirdCritic-SQLite-v0`` on ``pool``, or ``BirdCritic-PostgreSQL-v0``).
 
     ``teacher`` plays when given (a :class:`TeacherError` propagates), else :class:`OfflineExpert`;
     ``max_turns`` is the episode's step limit (the TimeLimit wrapper, as in stage 4). Episodes
@@ -313,18 +315,23 @@ def build_tool_trajectories(
         if stats is not None:
             stats.update(counts)
         return trajectories
-    env = gym.make(
-        "BirdCritic-SQLite-v0",
-        tasks=task_list,
-        pool=pool,
-        max_episode_steps=max_turns,
-        prompt_options=prompt,
-    )
+    # Each task in its dialect's environment (SQLite's on ``pool``; PostgreSQL's on its server).
+    envs = {
+        env_id: gym.make(
+            env_id,
+            tasks=group,
+            max_episode_steps=max_turns,
+            prompt_options=prompt,
+            **({"pool": pool} if group[0].dialect.lower() == "sqlite" else {}),
+        )
+        for env_id, group in env_groups(task_list).items()
+    }
     try:
         for task in tqdm(task_list, desc="stage-2 trajectories", disable=not progress):
             if not task.sol_sql:
                 counts["no_fix"] += 1
                 continue
+            env = envs[env_id_for(task)]
             try:
                 if teacher is not None:
                     act = functools.partial(_teacher_turn, teacher, task, teacher_params or {})
@@ -341,7 +348,8 @@ def build_tool_trajectories(
             if rejected is not None:
                 rejected.append({**row, "reason": ending})
     finally:
-        env.close()
+        for env in envs.values():
+            env.close()
     counts["kept"] = len(trajectories)
     if stats is not None:
         stats.update(counts)

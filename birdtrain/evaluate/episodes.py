@@ -108,15 +108,14 @@ def _threaded(
     prompt: Any,
     on_episode: Callable[[Episode], None],
 ) -> list[Episode]:
-    """``n`` episodes of every task, one plain env per worker thread (sharing one replica pool),
+    """``n`` episodes of every task, one plain env per worker thread (sharing one replica pool or PostgreSQL server),
     with the prompt setting ``prompt``; ``on_episode`` sees each as it ends."""
-    from birdenv.envs import env_class_for
+    from birdenv.envs import task_env
 
-    env_class = env_class_for(type(tasks[0]))
     jobs = [(t, s) for t in tasks for s in range(n)]
 
     def worker(chunk: list[tuple[Task, int]]) -> list[Episode]:
-        env = env_class(tasks=tasks, prompt_options=prompt)
+        env = task_env(tasks, prompt_options=prompt)  # each task in its kind's and dialect's env
         episodes = []
         try:
             for task, sample in chunk:
