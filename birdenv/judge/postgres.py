@@ -373,16 +373,18 @@ def judge_pg_many(
     *,
     processes: int | None = None,
     statement_timeout: float | None = STATEMENT_TIMEOUT,
+    pool: TaskDatabases | None = None,
 ) -> Iterator[Verdict]:
     """:func:`judge_pg` of many pairs, verdicts in order, ``processes`` at once (threads: each
     instance waits on its own server backend, so instances run in parallel, also on one
-    database, where the official evaluator holds a lock per database)."""
+    database, where the official evaluator holds a lock per database); ``pool`` as for
+    :func:`judge_pg`."""
     from concurrent.futures import ThreadPoolExecutor
 
     pairs = list(jobs)
     with ThreadPoolExecutor(max(1, processes or 1)) as executor:
         futures = [
-            executor.submit(judge_pg, task, sqls, statement_timeout=statement_timeout)
+            executor.submit(judge_pg, task, sqls, pool=pool, statement_timeout=statement_timeout)
             for task, sqls in pairs
         ]
         for future in futures:
