@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import re
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -38,7 +38,9 @@ __all__ = [
     "SAMPLE_ROWS",
     "SCHEMA_MODES",
     "PromptOptions",
+    "ServerCatalog",
     "linked_tables",
+    "read_server_catalog",
     "render_schema",
     "task_schema",
     "text_table",
@@ -195,23 +197,37 @@ def _database(db_path: str | Path) -> tuple[str, int]:
 def _render(
     path: str, mtime_ns: int, rows: int, tables: frozenset[str] | None, dialect: str = "sqlite"
 ) -> str:
-    parts = []
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+
+    def sample(name: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        cursor = conn.execute(f"SELECT * FROM {_quote(name)} LIMIT {rows}")
+        return [d[0] for d in cursor.description], cursor.fetchall()
+
     try:
-        for obj in _catalog(path, mtime_ns, dialect):
-            if tables is not None:
-                mine = {fold(obj.name)} if obj.kind == "table" else obj.refs
-                if not mine & tables:
-                    continue
-            if obj.kind != "table" or rows <= 0:
-                parts.append(f"{obj.sql};")
-                continue
-            cursor = conn.execute(f"SELECT * FROM {_quote(obj.name)} LIMIT {rows}")
-            columns = [d[0] for d in cursor.description]
-            sample = cursor.fetchall()
-            parts.append(f"{obj.sql};\n\nFirst {rows} rows:\n{text_table(columns, sample)}\n")
+        return _render_objects(_catalog(path, mtime_ns, dialect), rows, tables, sample)
     finally:
         conn.close()
+
+
+def _render_objects(
+    objects: Iterable[_Object],
+    rows: int,
+    tables: frozenset[str] | None,
+    sample: Callable[[str], tuple[list[str], list[tuple[Any, ...]]]],
+) -> str:
+    """The schema text of ``objects``: each one's statement, a table's followed by its first
+    ``rows`` rows (``sample(name)``: its columns and rows), keeping what touches ``tables``."""
+    parts = []
+    for obj in objects:
+        if tables is not None:
+            mine = {fold(obj.name)} if obj.kind == "table" else obj.refs
+            if not mine & tables:
+                continue
+        if obj.kind != "table" or rows <= 0:
+            parts.append(f"{obj.sql};")
+            continue
+        columns, first = sample(obj.name)
+        parts.append(f"{obj.sql};\n\nFirst {rows} rows:\n{text_table(columns, first[:rows])}\n")
     return "\n\n".join(parts)
 
 
@@ -275,7 +291,12 @@ def _name_key(name: str) -> str:
 def _linked(
     path: str, mtime_ns: int, sql: tuple[str, ...], text: str, neighbours: bool
 ) -> tuple[str, ...]:
-    catalog = _catalog(path, mtime_ns)
+    return _linked_in(_catalog(path, mtime_ns), sql, text, neighbours)
+
+
+def _linked_in(
+    catalog: tuple[_Object, ...], sql: tuple[str, ...], text: str, neighbours: bool
+) -> tuple[str, ...]:
     tables = [o for o in catalog if o.kind == "table"]
     named = {fold(t) for t in referenced_tables(sql)}
     for view in catalog:
@@ -327,17 +348,140 @@ def linked_tables(
     return list(_linked(path, mtime_ns, statements, text, neighbours))
 
 
-def task_schema(task: BaseTask, options: PromptOptions | None = None) -> str:
+# -- a database on a PostgreSQL server, read through a session ----------------------------------
+_PG_RELATIONS = (
+    "SELECT c.oid::bigint, c.relname, CASE WHEN c.relkind = 'v' THEN 'view' ELSE 'table' END, "
+    "pg_get_viewdef(c.oid, true) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'v') "
+    "ORDER BY c.relkind = 'v', c.oid"
+)
+_PG_COLUMNS = (
+    "SELECT a.attrelid::bigint, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, "
+    "pg_get_expr(d.adbin, d.adrelid), a.attidentity, a.attgenerated "
+    "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+    "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND a.attnum > 0 "
+    "AND NOT a.attisdropped ORDER BY a.attrelid, a.attnum"
+)
+_PG_CONSTRAINTS = (
+    "SELECT k.conrelid::bigint, k.contype, pg_get_constraintdef(k.oid), "
+    "coalesce(f.relname, '') FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace LEFT JOIN pg_class f ON f.oid = k.confrelid "
+    "WHERE n.nspname = current_schema() AND k.contype IN ('p', 'u', 'c', 'f') "
+    "ORDER BY k.conrelid, k.contype = 'f', k.contype <> 'p', k.conname"
+)
+_PG_NAME = re.compile(r"[a-z_][a-z0-9_$]*")
+
+
+def _pg_ident(name: str) -> str:
+    return name if _PG_NAME.fullmatch(name) else '"' + name.replace('"', '""') + '"'
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerCatalog:
+    """A PostgreSQL database as its prompt shows it, read once from a server
+    (:func:`read_server_catalog`): its tables' and views' definitions, in creation order, and each
+    table's first :data:`SAMPLE_ROWS` rows."""
+
+    objects: tuple[_Object, ...]
+    samples: Mapping[str, tuple[list[str], list[tuple[Any, ...]]]]
+
+
+def _checked(result: Any, what: str) -> list[tuple[Any, ...]]:
+    if not result.ok:
+        raise SchemaError(f"cannot read the {what} of the PostgreSQL database: {result.error}")
+    return list(result.rows)
+
+
+def read_server_catalog(session: Any) -> ServerCatalog:
+    """The :class:`ServerCatalog` of the database ``session`` is connected to (a
+    :class:`birdenv.postgres.PgSession`, or anything whose ``execute(sql)`` gives a
+    :class:`~birdenv.replicas.session.Result`): for tasks whose database is on the server only (the
+    official PostgreSQL layout, no SQLite file). Tables are shown as ``CREATE TABLE`` with their
+    columns, identity, defaults and keys, foreign keys as ``ALTER TABLE ... ADD``, views as
+    ``CREATE VIEW``, all as PostgreSQL itself prints them (``format_type``,
+    ``pg_get_constraintdef``, ``pg_get_viewdef``)."""
+    relations = _checked(session.execute(_PG_RELATIONS), "tables")
+    columns: dict[int, list[tuple[Any, ...]]] = {}
+    for row in _checked(session.execute(_PG_COLUMNS), "columns"):
+        columns.setdefault(row[0], []).append(row)
+    constraints: dict[int, list[tuple[Any, ...]]] = {}
+    for row in _checked(session.execute(_PG_CONSTRAINTS), "constraints"):
+        constraints.setdefault(row[0], []).append(row)
+    objects, samples = [], {}
+    for oid, name, kind, viewdef in relations:
+        if kind == "view":
+            sql = f"CREATE VIEW {_pg_ident(name)} AS\n{viewdef.rstrip().rstrip(';')}"
+            objects.append(_Object("view", name, sql, refs=_refs(sql)))
+            continue
+        lines = []
+        for _, column, type_, notnull, default, identity, generated in columns.get(oid, []):
+            line = f"{_pg_ident(column)} {type_}"
+            if identity:
+                line += f" GENERATED {'ALWAYS' if identity == 'a' else 'BY DEFAULT'} AS IDENTITY"
+            if notnull:
+                line += " NOT NULL"
+            if default is not None:
+                line += (
+                    f" GENERATED ALWAYS AS ({default}) STORED"
+                    if generated
+                    else f" DEFAULT {default}"
+                )
+            lines.append(line)
+        mine = constraints.get(oid, [])
+        lines += [definition for _, kind_, definition, _ in mine if kind_ != "f"]
+        body = ",\n    ".join(lines)
+        statements = [f"CREATE TABLE {_pg_ident(name)} (\n    {body}\n)"]
+        statements += [
+            f"ALTER TABLE {_pg_ident(name)} ADD {definition}"
+            for _, kind_, definition, _ in mine
+            if kind_ == "f"
+        ]
+        refs = frozenset(fold(target) for _, kind_, _, target in mine if kind_ == "f")
+        names = tuple(c[1] for c in columns.get(oid, []))
+        objects.append(_Object("table", name, ";\n".join(statements), names, refs))
+        first = session.execute(f"SELECT * FROM {_pg_ident(name)} LIMIT {SAMPLE_ROWS}")
+        samples[name] = (list(first.columns), _checked(first, f"first rows of {name}"))
+    return ServerCatalog(tuple(objects), samples)
+
+
+def _refs(sql: str) -> frozenset[str]:
+    try:
+        return frozenset(fold(t) for t in referenced_tables(sql))
+    except Exception:  # a definition sqlglot cannot read links to nothing
+        return frozenset()
+
+
+def task_schema(
+    task: BaseTask, options: PromptOptions | None = None, *, catalog: ServerCatalog | None = None
+) -> str:
     """The schema part of ``task``'s prompt under ``options`` (default: full, with sample rows).
 
     The linked and named modes keep the tables the task mentions (:meth:`BaseTask.mentions`: a
-    debugging task's issue SQL, a BIRD question's words and evidence).
+    debugging task's issue SQL, a BIRD question's words and evidence). ``catalog``: the task's
+    database as read from a PostgreSQL server (:func:`read_server_catalog`), for a task without a
+    database file; ``BirdCritic-PostgreSQL-v0`` reads it for such tasks.
     """
     if not isinstance(task, BaseTask):
         raise TypeError(f"not a task: {type(task).__name__} (expected a birdenv.tasks.BaseTask)")
     options = options or PromptOptions()
     rows = SAMPLE_ROWS if options.sample_rows else 0
     dialect = task.dialect.lower()
+    if catalog is not None:
+        keep = None
+        if options.schema != "full":
+            mentions = task.mentions()
+            keep = frozenset(
+                fold(t)
+                for t in _linked_in(
+                    catalog.objects,
+                    tuple(mentions.sql),
+                    mentions.text,
+                    options.schema == "linked",
+                )
+            )
+        return _render_objects(catalog.objects, rows, keep, catalog.samples.__getitem__)
     if options.schema == "full":
         return render_schema(task.db_path, rows=rows, dialect=dialect)
     mentions = task.mentions()

@@ -19,6 +19,7 @@ from birdenv.errors import TaskKindError
 from birdenv.tasks import BirdTask, Task, load_tasks
 from birdenv.tools import format_tool_call
 from birdenv.vector import make_vec
+from tests.conftest import SHOP_SQL, SHOP_TASKS
 
 pytest.importorskip("psycopg")
 
@@ -201,3 +202,82 @@ def test_the_curriculum_runs_every_stage_on_a_mixture_with_postgresql_tasks(
     args = [*_PG_MIX, *fast, "stage3.max_completion_length=16"]
     assert main(["curriculum", "--output-dir", str(tmp_path), *args]) == 0
     _check_pg_run(tmp_path / "smoke", ("stage1", "stage2", "stage3", "stage4"))
+
+
+# -- the official PostgreSQL layout: task rows and the server's own {db_id}_template ----------------
+@pytest.fixture()
+def official_tasks(pg_pool: Any, tmp_path: Path) -> Any:
+    """A task file of the official PostgreSQL layout (dialect PostgreSQL, no SQLite file) over
+    the server's own ``shop_template``, made as the official images make theirs."""
+    from birdenv.postgres.server import psycopg
+
+    with pg_pool.server.admin() as admin:
+        admin.execute("DROP DATABASE IF EXISTS shop_template")
+        admin.execute("CREATE DATABASE shop_template")
+    with psycopg().connect(**pg_pool.server.connect_kwargs("shop_template"), autocommit=True) as db:
+        db.execute(SHOP_SQL)
+    with pg_pool.server.admin() as admin:
+        admin.execute("ALTER DATABASE shop_template WITH IS_TEMPLATE true ALLOW_CONNECTIONS false")
+    check = (  # the official PostgreSQL test signature and helpers
+        "def test_case(pred_sqls, sol_sqls, db_name, conn):\n"
+        "    res, _ = perform_query_on_postgresql_databases("
+        "'SELECT count(*) FROM orders WHERE total IS NULL', db_name, conn)\n"
+        "    assert res[0][0] == 0, res\n"
+        "    return 1\n"
+    )
+    same = (  # without a test, the official PostgreSQL evaluator passes any prediction that runs
+        "def test_case(pred_sqls, sol_sqls, db_name, conn):\n"
+        "    assert ex_base(pred_sqls, sol_sqls, db_name, conn) == 1\n"
+        "    return 1\n"
+    )
+    rows = [
+        {
+            **SHOP_TASKS[0],
+            "instance_id": "shop_1_pg",
+            "dialect": "PostgreSQL",
+            "test_cases": [same],
+        },
+        {
+            **SHOP_TASKS[1],
+            "instance_id": "shop_2_pg",
+            "dialect": "PostgreSQL",
+            "test_cases": [check],
+        },
+    ]
+    path = tmp_path / "official_pg.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    yield path
+    with pg_pool.server.admin() as admin:
+        admin.execute("ALTER DATABASE shop_template WITH IS_TEMPLATE false")
+        admin.execute("DROP DATABASE shop_template")
+
+
+def test_the_official_layout_plays_end_to_end_with_the_servers_schema(
+    official_tasks: Path, tmp_path: Path
+) -> None:
+    from birdtrain.cli import main
+
+    tasks = load_tasks(official_tasks)
+    assert {t.db_dir for t in tasks} == {None} and env_class_for(tasks[0]) is BirdCriticPgEnv
+    with contextlib.closing(make_vec(1, tasks=official_tasks, backend="sync")) as envs:
+        prompts, _ = envs.reset(options={"task_id": "shop_1_pg"})
+        # The prompt's schema is the server's: PostgreSQL's types, keys, views and rows.
+        assert "CREATE TABLE customers (\n    id integer NOT NULL," in prompts[0]
+        assert (
+            "ALTER TABLE orders ADD FOREIGN KEY (customer_id) REFERENCES customers(id)"
+            in (prompts[0])
+        )
+        assert "CREATE VIEW big_orders AS" in prompts[0] and "  1  Ann Paris" in prompts[0]
+        _, reward, *_ = envs.step([_submit(tasks[0].sol_sql)])
+        assert list(reward) == [1.0]
+    linked = task_env(tasks, prompt_options={"schema": "named", "sample_rows": False})
+    try:
+        prompt, _ = linked.reset(options={"task_id": "shop_2_pg"})
+    finally:
+        linked.close()
+    assert "CREATE TABLE orders" in prompt and "CREATE TABLE customers" not in prompt
+    for policy, rate in (("oracle", 100.0), ("echo", 0.0)):
+        out = tmp_path / policy
+        args = ["eval", "--policy", policy, "--tasks", str(official_tasks), "--out", str(out)]
+        assert main(args) == 0
+        assert json.loads((out / "summary.json").read_text())["success_rate"] == rate

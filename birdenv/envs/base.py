@@ -20,7 +20,7 @@ from birdenv.errors import ArgumentError, TaskKindError
 from birdenv.judge import score
 from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.replicas.session import Limits, Session
-from birdenv.schema import PromptOptions, task_schema
+from birdenv.schema import PromptOptions, ServerCatalog, task_schema
 from birdenv.tasks import BaseTask, load_tasks
 from birdenv.tools import (
     TOOL_INSTRUCTIONS,
@@ -89,13 +89,16 @@ _PROMPT = """You are a SQL assistant. Your task is to {goal}. You can explore th
 {tools}"""
 
 
-def render_prompt(task: BaseTask, options: PromptOptions | None = None) -> str:
-    """The user prompt of a task of either kind: the schema (under ``options``), the task's own
+def render_prompt(
+    task: BaseTask, options: PromptOptions | None = None, *, catalog: ServerCatalog | None = None
+) -> str:
+    """The user prompt of a task of either kind: the schema (under ``options``; ``catalog``: the
+    database as a PostgreSQL server holds it, for a task without a database file), the task's own
     sections (:meth:`~birdenv.tasks.BaseTask.prompt_sections`), the tool instructions and the
     kind's submission rule, if it has one."""
     prompt = _PROMPT.format(
         goal=task.goal,
-        schema=task_schema(task, options),
+        schema=task_schema(task, options, catalog=catalog),
         sections=task.prompt_text(),
         tools=TOOL_INSTRUCTIONS,
     )
@@ -211,6 +214,11 @@ class ToolEnv(gym.Env[str, str]):
         )
         return verdict, float(verdict.passed) if self.reward_mode == "binary" else verdict.fraction
 
+    def server_catalog(self, task: Any) -> ServerCatalog | None:
+        """The task's database as its server holds it, for a task whose prompt cannot read a
+        database file (``None``: the prompt reads the file)."""
+        return None
+
     # -- the shared core ----------------------------------------------------------------------
     @property
     def pool(self) -> ReplicaPool:
@@ -247,7 +255,8 @@ class ToolEnv(gym.Env[str, str]):
         # A fresh state with the task's preprocess_sql applied, for this trajectory alone.
         self.session = self.pool.session(self.task, limits=self.limits, exclusive=True)
         self.verdict = None
-        prompt = in_charset(render_prompt(self.task, self.prompt_options))
+        catalog = self.server_catalog(self.task)
+        prompt = in_charset(render_prompt(self.task, self.prompt_options, catalog=catalog))
         self.messages = [{"role": "user", "content": prompt}]
         return prompt, self._info()
 

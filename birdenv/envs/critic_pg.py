@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from pathlib import Path
 from typing import Any, ClassVar
 
 from birdenv.envs.critic import BirdCriticEnv
 from birdenv.errors import ArgumentError
+from birdenv.schema import ServerCatalog, read_server_catalog
 
 __all__ = ["BirdCriticPgEnv"]
+
+# The server catalogs of the official layout's templates, per pool they were read from.
+_CATALOGS: weakref.WeakKeyDictionary[Any, dict[str, ServerCatalog]] = weakref.WeakKeyDictionary()
 
 
 class BirdCriticPgEnv(BirdCriticEnv):
@@ -74,6 +79,22 @@ class BirdCriticPgEnv(BirdCriticEnv):
             for t in self.tasks
         ]
         self._by_id = {str(t.instance_id): t for t in self.tasks}
+
+    def server_catalog(self, task: Any) -> ServerCatalog | None:
+        """For a task of the official layout (no ``db_dir``: the server's ``{db_id}_template``),
+        its database as the server holds it, read once per template and pool from a fresh clone
+        (the template itself is never connected to)."""
+        if task.db_dir is not None:
+            return None
+        catalogs = _CATALOGS.setdefault(self.pool, {})
+        template = self.pool.template_for(task)
+        if template not in catalogs:
+            from birdenv.postgres import PgSession
+
+            lease = self.pool.lease(task)
+            with PgSession(self.pool.pool, lease, limits=self.limits) as session:
+                catalogs[template] = read_server_catalog(session)
+        return catalogs[template]
 
     @property
     def pool(self) -> Any:
