@@ -366,7 +366,10 @@ class DatabasePool:
 
     def lease(self, template: str) -> Lease:
         """A fresh clone of ``template`` for one trajectory: a ready one when there is one (then
-        a replacement is cloned in the background), else one cloned now."""
+        a replacement is cloned in the background), else one cloned now.
+
+        Raises :class:`PostgresServerError` when no clone can be made now (its message is the
+        server's, e.g. ``No space left on device``) or when a background drop failed."""
         with self._lock:
             if self._closed:
                 raise PoolClosedError("this database pool is closed")
