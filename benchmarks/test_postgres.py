@@ -199,14 +199,12 @@ def _read(conn: Any) -> list[Any]:
     ]
 
 
-def test_a_reader_refused_every_write_by_the_server(setup: tuple[DatabasePool, str]) -> None:
-    """What makes the shared scheme sound to measure: the server, not the client, refuses."""
-    pool, template = setup
-    readers = SharedReaders(pool, template)
+def _check_refused(readers: SharedReaders) -> None:
+    """What makes the shared scheme sound to measure: the server, not the client, refuses a
+    reader's writes, even once it has turned ``default_transaction_read_only`` off."""
+    role, conn = readers.start()
+    other, other_conn = readers.start()
     try:
-        role, conn = readers.start()
-        other, other_conn = readers.start()
-        assert _read(conn)[0] is not None
         run_pg_statement(
             conn,
             "SET default_transaction_read_only = off",
@@ -225,10 +223,9 @@ def test_a_reader_refused_every_write_by_the_server(setup: tuple[DatabasePool, s
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 run_pg_statement(conn, sql, timeout=30, max_rows=10, max_result_bytes=None)
         assert _read(other_conn) == _read(conn)
+    finally:
         readers.end(role, conn)
         readers.end(other, other_conn)
-    finally:
-        readers.close()
 
 
 def test_start_a_reader_on_a_shared_clone(benchmark: Any, setup: tuple[DatabasePool, str]) -> None:
@@ -271,6 +268,7 @@ def test_read_only_trajectories_back_to_back(benchmark: Any, scheme: str) -> Non
         else:
             readers = SharedReaders(pool, template)
             try:
+                _check_refused(readers)
 
                 def run() -> None:
                     for _ in range(trajectories):
