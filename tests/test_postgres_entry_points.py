@@ -281,3 +281,32 @@ def test_the_official_layout_plays_end_to_end_with_the_servers_schema(
         args = ["eval", "--policy", policy, "--tasks", str(official_tasks), "--out", str(out)]
         assert main(args) == 0
         assert json.loads((out / "summary.json").read_text())["success_rate"] == rate
+
+
+# -- the Ray backend: copies on two nodes, each node with its own PostgreSQL cluster ---------------
+@pytest.mark.private_network
+def test_the_ray_backend_plays_postgresql_tasks_on_both_nodes(
+    ray_cluster: Any, official_tasks: Path
+) -> None:
+    import ray
+
+    small = ("hospital_records", "movie_platform")
+    sqlite = [t for t in load_tasks("critic-mini") if t.db_id in small][:1]
+    pg = [t for t in load_tasks("critic-mini-pg") if t.db_id in small][:2]
+    with contextlib.closing(make_vec(2, tasks=sqlite + pg, backend="ray")) as envs:
+        assert len(set(envs.node_ids)) == 2 == len([n for n in ray.nodes() if n["Alive"]])
+        for task in (pg[0], sqlite[0], pg[1]):
+            envs.reset(options={"task_id": task.instance_id})
+            _, reward, terminated, _, _ = envs.step([_submit(task.sol_sql)] * 2)
+            assert list(terminated) == [True, True] and list(reward) == [1.0, 1.0], task
+            envs.step(["", ""])  # the next-step autoreset
+        envs.reset(options={"task_id": pg[0].instance_id})
+        observations, *_ = envs.step([VERSION] * 2)
+        assert all("| PostgreSQL 1" in o for o in observations)
+    # The second node has a server of its own, which does not hold the driver's shop_template:
+    # the copy there says so, naming the way out (a BIRDENV_PG_DSN every node reaches).
+    with (
+        contextlib.closing(make_vec(2, tasks=official_tasks, backend="ray")) as envs,
+        pytest.raises(Exception, match=r"holds none(.|\n)*BIRDENV_PG_DSN"),
+    ):
+        envs.reset(options={"task_id": "shop_1_pg"})

@@ -252,10 +252,10 @@ class ToolEnv(gym.Env[str, str]):
             self.task = self._by_id[str(task_id)]
         else:
             self.task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        catalog = self.server_catalog(self.task)
         # A fresh state with the task's preprocess_sql applied, for this trajectory alone.
         self.session = self.pool.session(self.task, limits=self.limits, exclusive=True)
         self.verdict = None
-        catalog = self.server_catalog(self.task)
         prompt = in_charset(render_prompt(self.task, self.prompt_options, catalog=catalog))
         self.messages = [{"role": "user", "content": prompt}]
         return prompt, self._info()

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from birdenv.envs.critic import BirdCriticEnv
-from birdenv.errors import ArgumentError
+from birdenv.errors import ArgumentError, DatabaseNotFoundError
 from birdenv.schema import ServerCatalog, read_server_catalog
 
 __all__ = ["BirdCriticPgEnv"]
@@ -91,10 +91,29 @@ class BirdCriticPgEnv(BirdCriticEnv):
         if template not in catalogs:
             from birdenv.postgres import PgSession
 
+            self._require_template(task, template)
+
             lease = self.pool.lease(task)
             with PgSession(self.pool.pool, lease, limits=self.limits) as session:
                 catalogs[template] = read_server_catalog(session)
         return catalogs[template]
+
+    def _require_template(self, task: Any, template: str) -> None:
+        """:class:`DatabaseNotFoundError` saying where the official layout's databases must be
+        when the server does not hold ``template`` (before any clone of it is asked for)."""
+        server = self.pool.pool.server
+        with server.admin() as admin:
+            found = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (template,))
+            if found.fetchone() is not None:
+                return
+        raise DatabaseNotFoundError(
+            f"task {task.instance_id!r} has no database folder, so its database is the server's "
+            f"own {template!r} (the official PostgreSQL layout), but {server.description} holds "
+            "none: create it there, point BIRDENV_PG_DSN (or pg_dsn=) at the server that holds "
+            "it, or load the tasks with db_dir= (SQLite files converted into templates). On a "
+            "Ray cluster each node uses its own server unless BIRDENV_PG_DSN names one that "
+            "every node reaches"
+        )
 
     @property
     def pool(self) -> Any:
