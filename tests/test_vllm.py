@@ -209,7 +209,11 @@ def test_eval_agent_mode_with_vllm_starts_the_env_workers_first(tmp_path: Path) 
     assert len(workers) >= 2 and not any(workers.values()), workers
 
 
-def _single(smollm: str, out: Path, engine: str) -> list[tuple[Any, ...]]:
+def _evaluated(
+    smollm: str, out: Path, engine: str, *, dtype: str = "bfloat16", **settings: Any
+) -> list[tuple[Any, ...]]:
+    """The first critic-mini task evaluated at temperature 0 with ``engine``: its verdict and its
+    turns (action, observation, verdict)."""
     from birdenv.tasks import load_tasks
     from birdtrain.evaluate import evaluate_policy
 
@@ -217,11 +221,10 @@ def _single(smollm: str, out: Path, engine: str) -> list[tuple[Any, ...]]:
         smollm,
         tasks=load_tasks("critic-mini")[:1],
         out_dir=out,
-        mode="single",
-        max_new_tokens=48,
         engine=engine,
         engine_options={**EAGER, "max_model_len": 8192},
-        dtype="bfloat16",
+        dtype=dtype,
+        **settings,
     )
     rows = [json.loads(line) for line in (out / "verdicts.jsonl").read_text().splitlines()]
     return [(r["instance_id"], r["status"], r["pred_sqls"]) for r in rows] + _turns(out)
@@ -232,9 +235,131 @@ def test_eval_single_mode_vllm_equals_transformers_at_temperature_0(
 ) -> None:
     """One seeded task in single mode at temperature 0: the same answer, word for word, and the
     same verdict under ``--engine vllm`` and ``--engine transformers`` (both in bfloat16)."""
-    vllm = _single(smollm, tmp_path / "vllm", "vllm")
+    single = {"mode": "single", "max_new_tokens": 48}
+    vllm = _evaluated(smollm, tmp_path / "vllm", "vllm", **single)
     assert vllm[0][1] in ("success", "failed")
-    assert vllm == _single(smollm, tmp_path / "transformers", "transformers")
+    assert vllm == _evaluated(smollm, tmp_path / "transformers", "transformers", **single)
+
+
+#: The agent-mode episodes compared across engines: two turns (the tool's answer to the first is
+#: in the second's context) of a few tokens each.
+AGENT = {"mode": "agent", "max_turns": 2, "max_new_tokens": 24, "num_envs": 1}
+
+
+def test_eval_agent_mode_vllm_equals_transformers_in_float32(smollm: str, tmp_path: Path) -> None:
+    """One seeded task in agent mode at temperature 0, both engines in float32: the same episode
+    (every turn's action and observation) and the same verdict under ``--engine vllm`` and
+    ``--engine transformers``. Measured on SmolLM2 and bank_finance_001 (2 turns of 48 tokens):
+    the engines' log-probs of the 96 generated tokens differ by at most 3.1e-5 (mean 2.9e-6)."""
+    vllm = _evaluated(smollm, tmp_path / "vllm", "vllm", dtype="float32", **AGENT)
+    assert vllm[0][1] in ("success", "failed") and len(vllm) == 1 + AGENT["max_turns"]
+    assert vllm == _evaluated(
+        smollm, tmp_path / "transformers", "transformers", dtype="float32", **AGENT
+    )
+
+
+def _agent_episode(policy: Any, task: Any) -> Any:
+    """One agent-mode episode of ``task`` at temperature 0 with ``policy``, rolled out in a vector
+    env of one environment as ``birdtrain eval`` rolls it out (its token ids and log-probs)."""
+    from birdenv.vector import make_vec
+    from birdtrain.prompts import prompt_for
+    from birdtrain.rollout import VECTOR_KWARGS, collect
+
+    envs = make_vec(
+        1,
+        tasks=[task],
+        backend="sync",
+        max_episode_steps=AGENT["max_turns"],
+        prompt_options=prompt_for("smollm"),
+        vector_kwargs=VECTOR_KWARGS,
+    )
+    try:
+        (episode,) = collect(
+            envs,
+            policy,
+            [task.instance_id],
+            num_generations=1,
+            max_turns=AGENT["max_turns"],
+            max_new_tokens=AGENT["max_new_tokens"],
+            temperature=0,
+            max_context=8192,
+        )
+    finally:
+        envs.close()
+    return episode
+
+
+def _completion(episode: Any) -> list[tuple[int, float | None]]:
+    """Every completion token of ``episode`` (turns, template and tool text) with its log-prob
+    (None for tokens the model did not generate)."""
+    return [
+        (token, segment.logprobs[i] if segment.generated else None)
+        for segment in episode.segments
+        for i, token in enumerate(segment.ids)
+    ]
+
+
+def test_agent_mode_in_bfloat16_the_engines_part_only_at_a_bfloat16_tie(
+    smollm: str, smollm_engine: Any
+) -> None:
+    """One seeded task in agent mode at temperature 0, both engines in bfloat16: the episodes are
+    the same token for token up to the first token where the transformers engine's two best
+    logits lie within what bfloat16 tells apart (one bfloat16 step at their size, or twice the
+    largest gap between the engines' log-probs of the tokens they shared), and that token is one
+    of those two under either engine.
+
+    Measured on SmolLM2 and bank_finance_001 (2,543 prompt tokens): the first turns part at
+    token 17, where the model hesitates between "." and ",". In float32 both engines give them
+    logits 27.460 and 27.308 (log-probs -1.7155 and -1.8672; the episodes stay equal,
+    :func:`test_eval_agent_mode_vllm_equals_transformers_in_float32`). In bfloat16 the logits
+    are rounded to steps of 0.125 at that size: transformers computes 27.375 and 27.25 (adjacent
+    bfloat16 numbers) and takes "."; vLLM, decoding, computes them equal (both log-probs -1.7497)
+    and takes "," (the lower id). Over the 17 shared tokens the engines' log-probs differ by up
+    to 0.126 (mean 0.032): one bfloat16 step of the logits.
+    """
+    import math
+
+    import torch
+
+    from birdenv.tasks import load_tasks
+    from birdtrain.policies import generation_policy
+
+    task = load_tasks("critic-mini")[0]
+    smollm_engine.llm.reset_prefix_cache()  # the episode's keys computed as a fresh engine would
+    vllm = _agent_episode(smollm_engine, task)
+    transformers = generation_policy(smollm, engine="transformers", dtype="bfloat16")
+    reference = _agent_episode(transformers, task)
+    assert vllm.prompt_ids == reference.prompt_ids
+    ours, theirs = _completion(vllm), _completion(reference)
+    parted = next(
+        (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a[0] != b[0]), None
+    )
+    if parted is None:
+        assert [t for t, _ in ours] == [t for t, _ in theirs]
+        assert vllm.messages == reference.messages
+        return
+    gap = max(
+        (
+            abs(a - b)
+            for (_, a), (_, b) in zip(ours[:parted], theirs[:parted], strict=True)
+            if a is not None
+        ),
+        default=0.0,
+    )
+    context = vllm.prompt_ids + [t for t, _ in ours[:parted]]
+    model = transformers.model
+    with torch.no_grad(), torch.autocast(model.device.type, dtype=torch.bfloat16):
+        logits = model(torch.tensor([context], device=model.device), logits_to_keep=1).logits
+    best = logits[0, -1].float().topk(2)
+    margin = (best.values[0] - best.values[1]).item()
+    step = 2.0 ** (math.floor(math.log2(abs(best.values[0].item()))) - 7)
+    print(
+        f"parted at completion token {parted}: vLLM {ours[parted][0]}, transformers "
+        f"{theirs[parted][0]}; transformers' two best logits {best.values.tolist()} "
+        f"(margin {margin:.4f}, bfloat16 step {step}); shared tokens' largest log-prob gap {gap:.4f}"
+    )
+    assert {ours[parted][0], theirs[parted][0]} == set(best.indices.tolist())
+    assert margin <= max(step, 2 * gap)
 
 
 # -- TRL's colocated vLLM in stages 3 and 4 (benchmarks/gpu_smoke.py's checks, on this CPU) -------
