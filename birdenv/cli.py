@@ -16,7 +16,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from birdenv import suites
 from birdenv.errors import BirdEnvError
@@ -26,10 +26,11 @@ from birdenv.tasks import CATEGORIES, Task, load_tasks
 __all__ = ["main"]
 
 
-def _progress(
-    items: Iterable[Any], total: int, label: str, stream: TextIO = sys.stderr
-) -> Iterator[Any]:
-    """Yield ``items`` while drawing a one-line progress bar on a terminal (nothing otherwise)."""
+def _progress(items: Iterable[Any], total: int, label: str) -> Iterator[Any]:
+    """Yield ``items`` while drawing a one-line progress bar on standard error when it is a
+    terminal (nothing otherwise)."""
+    # sys.stderr as it is now, not as it was when this module loaded (a caller may replace it).
+    stream = sys.stderr
     draw = stream.isatty() and total >= 20
     start = time.monotonic()
     for done, item in enumerate(items, 1):
