@@ -1,6 +1,7 @@
 """``birdenv play``: be the agent yourself, in a terminal.
 
-A person takes the model's seat in :class:`~birdenv.envs.critic.BirdCriticEnv`: the same prompt,
+A person takes the model's seat in :class:`~birdenv.envs.critic.BirdCriticEnv` (or
+``BirdCritic-PostgreSQL-v0`` for PostgreSQL tasks, ``suite="critic-mini-pg"``): the same prompt,
 the same session (writes and TEMP tables persist across turns), the same observation formatter and
 the same judge. Every statement typed is wrapped with
 :func:`~birdenv.tools.format_tool_call` and sent through ``env.step``, so the terminal shows
@@ -17,9 +18,9 @@ from typing import TextIO
 
 import gymnasium as gym
 
-from birdenv.envs.critic import BirdCriticEnv
-from birdenv.schema import render_schema
-from birdenv.tasks import Task
+from birdenv.envs import env_class_for
+from birdenv.schema import task_schema
+from birdenv.tasks import Task, load_tasks
 from birdenv.tools import format_tool_call
 
 __all__ = ["HELP", "play"]
@@ -129,7 +130,12 @@ def play(
         submission fails, 2 when ``task_id`` is not in the task set.
     """
     term = _Terminal(stdin, stdout)
-    env = BirdCriticEnv(suite=None if tasks is not None else suite, tasks=tasks, db_dir=db_dir)
+    if not isinstance(tasks, list):
+        tasks = load_tasks(tasks if tasks is not None else suite, db_dir=db_dir)
+    # The environment of the tasks' dialect (BirdCritic-PostgreSQL-v0 for PostgreSQL tasks).
+    if not tasks:
+        raise ValueError("the task set is empty")
+    env = env_class_for(tasks[0])(tasks=tasks)
     try:
         if task_id is not None and task_id not in {t.instance_id for t in env.tasks}:
             known = ", ".join(t.instance_id for t in env.tasks[:5])
@@ -138,7 +144,7 @@ def play(
             )
             return 2
         prompt, info = env.reset(options={"task_id": task_id} if task_id is not None else None)
-        turns = gym.spec("BirdCritic-SQLite-v0").max_episode_steps
+        turns = gym.spec(env.env_id).max_episode_steps
         term.write(f"=== task {info['task_id']} ({info['category']}, database {info['db_id']}) ===")
         term.write(prompt)
         term.write(
@@ -166,7 +172,7 @@ def play(
             elif command in ("\\h", "\\help", "\\?"):
                 term.write(HELP)
             elif command == "\\schema":
-                term.write(render_schema(env.task.db_path))
+                term.write(task_schema(env.task, catalog=env.server_catalog(env.task)))
             elif command == "\\submit":
                 term.write("type the statements to submit, each ending with ';'; a blank line ends")
                 statements = _read_submission(term, rest)
