@@ -299,9 +299,7 @@ def _completion(episode: Any) -> list[tuple[int, float | None]]:
     ]
 
 
-def test_agent_mode_in_bfloat16_the_engines_part_only_at_a_bfloat16_tie(
-    smollm: str, smollm_engine: Any
-) -> None:
+def test_agent_mode_in_bfloat16_the_engines_part_only_at_a_bfloat16_tie(smollm: str) -> None:
     """One seeded task in agent mode at temperature 0, both engines in bfloat16: the episodes are
     the same token for token up to the first token where the transformers engine's two best
     logits lie within what bfloat16 tells apart (one bfloat16 step at their size, or twice the
@@ -325,8 +323,12 @@ def test_agent_mode_in_bfloat16_the_engines_part_only_at_a_bfloat16_tie(
     from birdtrain.policies import generation_policy
 
     task = load_tasks("critic-mini")[0]
-    smollm_engine.llm.reset_prefix_cache()  # the episode's keys computed as a fresh engine would
-    vllm = _agent_episode(smollm_engine, task)
+    # An engine of its own: the session's engine does not outlive the evaluations' engines (the
+    # last one to close takes vLLM's process-wide parallel groups with it).
+    engine = generation_policy(
+        smollm, engine="vllm", engine_options={**EAGER, "max_model_len": 8192}, dtype="bfloat16"
+    )
+    vllm = _agent_episode(engine, task)
     transformers = generation_policy(smollm, engine="transformers", dtype="bfloat16")
     reference = _agent_episode(transformers, task)
     assert vllm.prompt_ids == reference.prompt_ids
