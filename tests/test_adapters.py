@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import importlib
 import os
 import signal
@@ -556,20 +557,23 @@ def test_openenv_trl_environment_factory_class(openenv_server: Server) -> None:
     from birdenv.integrations.openenv import BirdOpenEnvTRLEnv
     from birdenv.tools import TOOL_SCHEMAS
 
+    before = openenv_server.leases()
     env = BirdOpenEnvTRLEnv(base_url=openenv_server.url)
-    try:
-        schemas = [
-            transformers.utils.get_json_schema(f) for f in (env.execute_sql, env.submit_solution)
-        ]
-        assert schemas == TOOL_SCHEMAS  # what TRL shows the model
-        assert "# Database Schema:" in env.reset(task_id=TASK_ID, prompt=[])
-        assert env.execute_sql("SELECT 1").startswith("status: ok")
-        assert env.submit_solution(list(task().sol_sql)).startswith("verdict: success")
-        assert env.get_reward() == 1.0
-        env.reset(task_id=TASK_ID)
-        assert env.get_reward() == 0.0
-    finally:
-        env.close()
+    schemas = [
+        transformers.utils.get_json_schema(f) for f in (env.execute_sql, env.submit_solution)
+    ]
+    assert schemas == TOOL_SCHEMAS  # what TRL shows the model
+    assert "# Database Schema:" in env.reset(task_id=TASK_ID, prompt=[])
+    assert env.execute_sql("SELECT 1").startswith("status: ok")
+    assert env.submit_solution(list(task().sol_sql)).startswith("verdict: success")
+    assert env.get_reward() == 1.0
+    env.reset(task_id=TASK_ID)
+    assert env.get_reward() == 0.0
+    # TRL closes no environment: one it drops closes its connection, and the server frees the
+    # session of the episode it left open.
+    del env
+    gc.collect()
+    wait_for(lambda: openenv_server.leases() == before, 30, "the dropped env's session is freed")
 
 
 def test_skyrl_registers_both_kinds() -> None:

@@ -120,6 +120,9 @@ def _two_grpo_steps(tmp_path: Path, dataset, environment_factory) -> list[dict]:
         train_dataset=dataset,
         environment_factory=environment_factory,
     )
+    # The model is shown the two tools and nothing else of the environment (each environment of
+    # a mixture brings its own two).
+    assert {tool.__name__ for tool in trainer.tools} == {"execute_sql", "submit_solution"}
     trainer.train()
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(logged) == 2

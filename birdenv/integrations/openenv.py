@@ -22,6 +22,7 @@ it; :class:`BirdOpenEnvTRLEnv` wraps that client for TRL's ``environment_factory
 from __future__ import annotations
 
 import functools
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from pydantic import Field
 from birdenv import tools
 from birdenv.errors import BirdEnvError
 from birdenv.integrations.trajectory import Trajectory, task_list
+from birdenv.integrations.trl import TRLTools
 from birdenv.replicas import ReplicaPool
 from birdenv.replicas.pool import default_pool
 
@@ -234,18 +236,21 @@ class BirdEnvClient(EnvClient[BirdAction, BirdObservation, BirdState]):
         return BirdState(**payload)
 
 
-class BirdOpenEnvTRLEnv:
+class BirdOpenEnvTRLEnv(TRLTools):
     """TRL's ``environment_factory`` over a ``birdenv serve`` server: one connection per env.
 
     ``functools.partial(BirdOpenEnvTRLEnv, base_url="http://127.0.0.1:8000")`` is the factory;
     TRL calls ``reset(**row)`` (the row's ``task_id``), exposes ``execute_sql`` and
-    ``submit_solution`` as tools (their schemas are birdenv's) and reads ``get_reward()``.
+    ``submit_solution`` as tools (their schemas are birdenv's) and reads ``get_reward()``. The
+    connection closes when the environment is dropped (TRL closes none; the server then frees
+    the session): a public ``close`` would be a third tool.
     """
 
     def __init__(self, base_url: str) -> None:
         self.client = BirdEnvClient(base_url=base_url).sync()
         self.client.connect()
         self.reward = 0.0
+        weakref.finalize(self, self.client.close)
 
     def reset(self, **row: Any) -> str:
         """Start the rollout on the row's task (``task_id``; else one drawn at random)."""
@@ -259,21 +264,3 @@ class BirdOpenEnvTRLEnv:
         if result.done:
             self.reward = float(result.reward or 0.0)
         return result.observation.text
-
-    def execute_sql(self, sql: str) -> str:
-        return self._call("execute_sql", sql=sql)
-
-    def submit_solution(self, sql_list: list[str]) -> str:
-        return self._call("submit_solution", sql_list=sql_list)
-
-    # TRL builds the tool schemas from these docstrings: take them from the one definition.
-    execute_sql.__doc__ = tools.execute_sql.__doc__
-    submit_solution.__doc__ = tools.submit_solution.__doc__
-
-    def get_reward(self) -> float:
-        """The rollout's reward: the verdict on the submission (0.0 if none was made)."""
-        return self.reward
-
-    def close(self) -> None:
-        """Close the connection (the server frees the session)."""
-        self.client.close()

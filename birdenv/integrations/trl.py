@@ -36,7 +36,13 @@ from typing import Any
 from birdenv import tools
 from birdenv.tools import format_tool_call
 
-__all__ = ["BirdCriticTRLEnv", "BirdSQLTRLEnv", "environment_factories", "suite_dataset"]
+__all__ = [
+    "BirdCriticTRLEnv",
+    "BirdSQLTRLEnv",
+    "TRLTools",
+    "environment_factories",
+    "suite_dataset",
+]
 
 
 def _task_env(
@@ -63,7 +69,36 @@ def _task_env(
     return task_env(tasks, **env_kwargs)
 
 
-class BirdCriticTRLEnv:
+class TRLTools:
+    """The methods TRL reads from an ``environment_factory``'s environment, besides ``reset``: the
+    two tools (their schemas from :mod:`birdenv.tools`' docstrings) and ``get_reward``.
+
+    A subclass sends a tool call with ``_call(name, **arguments)``, which returns the observation
+    and sets ``reward`` when the episode ends. Everything else it defines is private: TRL makes a
+    tool of every public method.
+    """
+
+    reward: float = 0.0
+
+    def _call(self, name: str, **arguments: Any) -> str:
+        raise NotImplementedError
+
+    def execute_sql(self, sql: str) -> str:
+        return self._call("execute_sql", sql=sql)
+
+    def submit_solution(self, sql_list: list[str]) -> str:
+        return self._call("submit_solution", sql_list=sql_list)
+
+    # TRL builds the tool schemas from these docstrings: take them from the one definition.
+    execute_sql.__doc__ = tools.execute_sql.__doc__
+    submit_solution.__doc__ = tools.submit_solution.__doc__
+
+    def get_reward(self) -> float:
+        """The rollout's reward: the judge's verdict on the submission (0.0 if none was made)."""
+        return self.reward
+
+
+class BirdCriticTRLEnv(TRLTools):
     """One rollout's environment for TRL: ``reset``, two tools, ``get_reward``.
 
     Keyword arguments are those of :class:`~birdenv.envs.critic.BirdCriticEnv` (``suite``,
@@ -97,20 +132,6 @@ class BirdCriticTRLEnv:
         if terminated:
             self.reward, self.done = reward, True
         return observation
-
-    def execute_sql(self, sql: str) -> str:
-        return self._call("execute_sql", sql=sql)
-
-    def submit_solution(self, sql_list: list[str]) -> str:
-        return self._call("submit_solution", sql_list=sql_list)
-
-    # TRL builds the tool schemas from these docstrings: take them from the one definition.
-    execute_sql.__doc__ = tools.execute_sql.__doc__
-    submit_solution.__doc__ = tools.submit_solution.__doc__
-
-    def get_reward(self) -> float:
-        """The rollout's reward: the judge's verdict on the submission (0.0 if none was made)."""
-        return self.reward
 
 
 class BirdSQLTRLEnv(BirdCriticTRLEnv):
