@@ -6,7 +6,8 @@ as Qwen2.5's checkpoints declare them. ``plan DIR``: ``birdtrain plan``'s settin
 stage for that model. ``stage3 DIR OUT`` / ``stage4 DIR OUT``: two GRPO steps with TRL's colocated
 vLLM, LoRA on a bfloat16 base, gradient checkpointing; stage 3 also checks the weight sync (the
 frozen base bit-identical, vLLM computing exactly what it computes from a peft-merged checkpoint)
-and both report their peak GPU memory.
+and both report their peak GPU memory. The stage commands take config overrides after their
+arguments (``KEY=VALUE``, as ``birdtrain train`` takes them).
 
 On a CPU (the ``.venv-vllm`` lane of ``make test``, vLLM's CPU build) everything but the GPU
 memory runs too: ``tests/test_vllm.py`` runs these subcommands.
@@ -119,11 +120,12 @@ def _greedy_logprobs(llm: Any, ids: list[int]) -> list[float]:
     return prompt + sampled
 
 
-def stage3(model: str, out: str, learning_rate: str = "0.05") -> dict[str, Any]:
+def stage3(model: str, out: str, *overrides: str) -> dict[str, Any]:
     """Two steps of stage 3 with colocated vLLM; the weight sync's checks and the peak memory.
 
-    The learning rate moves the adapters by more than bfloat16's rounding of the base, so an
-    in-place merge and unmerge (TRL's own sync) would change the base.
+    The learning rate (0.05 unless ``overrides`` set one) moves the adapters by more than
+    bfloat16's rounding of the base, so an in-place merge and unmerge (TRL's own sync) would
+    change the base.
     """
     import torch
 
@@ -131,7 +133,7 @@ def stage3(model: str, out: str, learning_rate: str = "0.05") -> dict[str, Any]:
     from birdtrain.stages import grpo
     from birdtrain.stages.common import train
 
-    cfg = _config(model, out, f"stage3.learning_rate={learning_rate}")
+    cfg = _config(model, out, "stage3.learning_rate=0.05", *overrides)
     trainer = grpo.build_trainer(
         cfg, model_path=model, out_dir=Path(out) / "s3", tasks=load_tasks("critic-mini")[:2]
     )
@@ -175,7 +177,7 @@ def stage3(model: str, out: str, learning_rate: str = "0.05") -> dict[str, Any]:
     }
 
 
-def stage3_full(model: str, out: str) -> dict[str, Any]:
+def stage3_full(model: str, out: str, *overrides: str) -> dict[str, Any]:
     """Two steps of stage 3 with colocated vLLM, fully fine-tuned (no LoRA): whether vLLM then
     computes exactly what it computes from a checkpoint of the trained weights."""
     from birdenv.tasks import load_tasks
@@ -183,7 +185,12 @@ def stage3_full(model: str, out: str) -> dict[str, Any]:
     from birdtrain.stages.common import train
 
     cfg = _config(
-        model, out, "model.lora=false", "model.dtype=float32", "stage3.learning_rate=0.01"
+        model,
+        out,
+        "model.lora=false",
+        "model.dtype=float32",
+        "stage3.learning_rate=0.01",
+        *overrides,
     )
     trainer = grpo.build_trainer(
         cfg, model_path=model, out_dir=Path(out) / "s3", tasks=load_tasks("critic-mini")[:2]
@@ -204,14 +211,14 @@ def stage3_full(model: str, out: str) -> dict[str, Any]:
     }
 
 
-def stage4(model: str, out: str) -> dict[str, Any]:
+def stage4(model: str, out: str, *overrides: str) -> dict[str, Any]:
     """Two steps of stage 4 (multi-turn, in the environment) with colocated vLLM; its metrics,
     checkpoint and peak memory."""
     from birdenv.tasks import load_tasks
     from birdtrain.stages import agentic
 
     checkpoint = agentic.run(
-        _config(model, out),
+        _config(model, out, *overrides),
         model_path=model,
         out_dir=Path(out) / "s4",
         tasks=load_tasks("critic-mini")[:2],
