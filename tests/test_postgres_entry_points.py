@@ -103,10 +103,17 @@ def test_a_mixture_of_sqlite_and_postgresql_suites_draws_both_by_weight() -> Non
     assert 8 <= sources.count("gym-mini-pg") <= 32, sources
 
 
-def test_one_env_over_both_dialects_and_both_kinds(sqlite_tasks: list, pg_tasks: list) -> None:
+def test_one_env_over_both_dialects_and_both_kinds(
+    sqlite_tasks: list, pg_tasks: list, tmp_path: Path
+) -> None:
+    from birdenv.replicas import ReplicaPool
+
     questions = load_tasks("bird-mini-eval")[:2]
-    env = task_env(sqlite_tasks + pg_tasks + questions)
+    # The replica pool serves the SQLite environments; PostgreSQL's clones come from its server.
+    env = task_env(sqlite_tasks + pg_tasks + questions, pool_options={"root": tmp_path / "r"})
     try:
+        assert isinstance(env.envs["BirdCritic-SQLite-v0"].pool, ReplicaPool)
+        assert env.envs["BirdCritic-SQLite-v0"].pool.root == tmp_path / "r"
         assert sorted(env.names) == sorted(
             ["BirdCritic-SQLite-v0", "BirdCritic-PostgreSQL-v0", "BirdSQL-SQLite-v0"]
         )
@@ -201,7 +208,15 @@ def test_the_curriculum_runs_every_stage_on_a_mixture_with_postgresql_tasks(
     fast = ["stage1.max_steps=1", "stage2.max_steps=1", "stage3.max_steps=1"]
     args = [*_PG_MIX, *fast, "stage3.max_completion_length=16"]
     assert main(["curriculum", "--output-dir", str(tmp_path), *args]) == 0
-    _check_pg_run(tmp_path / "smoke", ("stage1", "stage2", "stage3", "stage4"))
+    run = tmp_path / "smoke"
+    _check_pg_run(run, ("stage1", "stage2", "stage3", "stage4"))
+    # Synthesis kept the PostgreSQL tasks: their gold judged on PostgreSQL, their stage-2
+    # episodes played in BirdCritic-PostgreSQL-v0.
+    pg_ids = {t.instance_id for t in load_tasks("gym-mini-pg")}
+    for name in ("stage1", "stage2"):
+        rows = [json.loads(x) for x in (run / "data" / f"{name}.jsonl").read_text().splitlines()]
+        ids = {r["task_id"] for r in rows}
+        assert ids & pg_ids and ids - pg_ids, (name, ids)
 
 
 # -- the official PostgreSQL layout: task rows and the server's own {db_id}_template ----------------

@@ -40,9 +40,10 @@ class MixedTaskEnv(gym.Env[str, str]):
         weights: Source name → sampling weight (non-negative, not all 0); default: each source's
             number of tasks, i.e. uniform over all tasks.
         db_dir: Database folder for sources given as files (``db_root``: its old name).
-        **env_kwargs: Passed to every source's env: ``reward``, ``pool``, ``pool_options``,
-            ``statement_timeout``, ``max_rows``, ``max_result_bytes``, ``render_mode``,
-            ``prompt_options``.
+        **env_kwargs: Passed to every source's env: ``reward``, ``statement_timeout``,
+            ``max_rows``, ``max_result_bytes``, ``render_mode``, ``prompt_options``; ``pool`` and
+            ``pool_options`` to the SQLite environments (a replica pool), ``pg_dsn`` to the
+            PostgreSQL one (the server its databases are cloned on).
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012
@@ -79,7 +80,7 @@ class MixedTaskEnv(gym.Env[str, str]):
                     )
             # The source's env (its tasks' own, or one per environment they need), without the
             # TimeLimit: this env carries one.
-            self.envs[name] = task_env(tasks, **env_kwargs)
+            self.envs[name] = _source_env(tasks, env_kwargs)
             sizes[name] = len(tasks)
         weights = dict(sizes if weights is None else weights)
         if set(weights) != set(self.envs):
@@ -162,13 +163,33 @@ class MixedTaskEnv(gym.Env[str, str]):
         super().close()
 
 
+# What only the environments of one dialect take, in a mixture: the replica pool is SQLite's, the
+# server PostgreSQL's.
+_DIALECT_ONLY = {"pool": "sqlite", "pool_options": "sqlite", "pg_dsn": "postgresql"}
+
+
+def _source_env(tasks: list[Any], env_kwargs: dict[str, Any]) -> Any:
+    """A mixture's environment for one source: its tasks' own, with the arguments it takes."""
+    groups = env_groups(tasks)
+    if len(groups) > 1:
+        return MixedTaskEnv(groups, **env_kwargs)
+    env_class = env_class_for(tasks[0])
+    mine = {
+        k: v
+        for k, v in env_kwargs.items()
+        if _DIALECT_ONLY.get(k, env_class.dialect) == env_class.dialect
+    }
+    return env_class(tasks=tasks, **mine)
+
+
 def task_env(tasks: Sequence[Any], **env_kwargs: Any) -> Any:
     """One environment over ``tasks`` (a non-empty list, of any kinds and dialects), unwrapped.
 
     Tasks that one environment plays get that environment (:func:`~birdenv.envs.env_class_for`);
     tasks that need several get a :class:`MixedTaskEnv` with one source per environment id,
     weighted by its number of tasks, which routes ``reset(options={"task_id": ...})`` to the
-    task's own environment. ``env_kwargs`` go to every environment.
+    task's own environment. ``env_kwargs`` go to the environment; in a :class:`MixedTaskEnv`,
+    as it says.
 
     >>> from birdenv.tasks import load_tasks
     >>> env = task_env(load_tasks("critic-mini")[:2] + load_tasks("critic-mini-pg")[:2])

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from birdenv.errors import PreprocessError
-from birdenv.judge import judge_many
+from birdenv.judge import score_many
 from birdenv.replicas.pool import ReplicaPool, default_pool
 from birdenv.schema import PromptOptions
 from birdenv.tasks import Task
@@ -230,7 +230,9 @@ def build_reasoning_examples(
     jobs = [(task, parse_solution(ex["completion"][0]["content"])) for task, ex in candidates]
     examples = []
     for (_, example), verdict in zip(
-        candidates, judge_many(jobs, processes=processes), strict=True
+        candidates,
+        score_many(jobs, processes=processes),
+        strict=True,  # each by its dialect's judge
     ):
         if verdict.passed:
             examples.append(example)
