@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from birdenv.errors import SchemaError
+from birdenv.errors import DatabaseNotFoundError, SchemaError
 from birdenv.files import identify
 from birdenv.sql import fold, referenced_tables
 from birdenv.tasks.protocol import BaseTask
@@ -482,6 +482,12 @@ def task_schema(
                 )
             )
         return _render_objects(catalog.objects, rows, keep, catalog.samples.__getitem__)
+    if task.db_dir is None and dialect == "postgresql":
+        raise DatabaseNotFoundError(
+            f"task {task.instance_id!r} has no database file (the official PostgreSQL layout): "
+            "its schema is on the server, which BirdCritic-PostgreSQL-v0 reads it from; a prompt "
+            "made without that environment needs the task's SQLite file (load it with db_dir=)"
+        )
     if options.schema == "full":
         return render_schema(task.db_path, rows=rows, dialect=dialect)
     mentions = task.mentions()

@@ -291,6 +291,12 @@ def test_the_official_layout_plays_end_to_end_with_the_servers_schema(
     finally:
         linked.close()
     assert "CREATE TABLE orders" in prompt and "CREATE TABLE customers" not in prompt
+    # Without the environment (a single-turn prompt), there is no file to read: said so.
+    from birdenv.errors import DatabaseNotFoundError
+    from birdenv.schema import task_schema
+
+    with pytest.raises(DatabaseNotFoundError, match="BirdCritic-PostgreSQL-v0 reads it from"):
+        task_schema(tasks[0])
     for policy, rate in (("oracle", 100.0), ("echo", 0.0)):
         out = tmp_path / policy
         args = ["eval", "--policy", policy, "--tasks", str(official_tasks), "--out", str(out)]
