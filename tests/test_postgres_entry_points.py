@@ -302,6 +302,18 @@ def test_the_official_layout_plays_end_to_end_with_the_servers_schema(
         args = ["eval", "--policy", policy, "--tasks", str(official_tasks), "--out", str(out)]
         assert main(args) == 0
         assert json.loads((out / "summary.json").read_text())["success_rate"] == rate
+    # birdenv evaluate on predictions for the same file: judged on the server's templates.
+    from birdenv.cli import main as birdenv_main
+
+    predictions = tmp_path / "predictions.jsonl"
+    rows = [{"instance_id": t.instance_id, "pred_sqls": t.sol_sql} for t in tasks]
+    rows[1]["pred_sqls"] = tasks[1].issue_sql
+    predictions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    verdicts = tmp_path / "verdicts.jsonl"
+    args = [str(predictions), "--tasks", str(official_tasks), "--out", str(verdicts)]
+    assert birdenv_main(["evaluate", *args]) == 0
+    statuses = [json.loads(line)["status"] for line in verdicts.read_text().splitlines()]
+    assert statuses == ["success", "failed"]
 
 
 # -- the Ray backend: copies on two nodes, each node with its own PostgreSQL cluster ---------------
