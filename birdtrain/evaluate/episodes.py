@@ -4,8 +4,9 @@ models in a vector environment through :func:`birdtrain.rollout.collect`, and si
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from birdenv.tasks import Task
@@ -152,7 +153,6 @@ def _model_episodes(
     """A local model as an agent, rolled out through a vector env exactly as in stage 4 (with
     ``ray``: a Ray vector env over the cluster); ``on_episode`` sees each episode as it ends."""
     from birdenv.vector import make_vec
-    from birdtrain.policies import generation_policy
     from birdtrain.rollout import VECTOR_KWARGS, collect
 
     # The env workers fork before the engine starts: a vLLM engine's threads, sockets and locks
@@ -166,24 +166,38 @@ def _model_episodes(
         vector_kwargs=VECTOR_KWARGS,
     )
     try:
-        generator = generation_policy(
+        with _generation_policy(
             model_path, engine=engine, engine_options=engine_options, dtype=dtype
-        )
-        rollouts = collect(
-            envs,
-            generator,
-            [t.instance_id for t in tasks],
-            num_generations=n,
-            max_turns=max_turns,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            max_context=max_context,
-            on_episode=on_episode,
-        )
+        ) as generator:
+            rollouts = collect(
+                envs,
+                generator,
+                [t.instance_id for t in tasks],
+                num_generations=n,
+                max_turns=max_turns,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                max_context=max_context,
+                on_episode=on_episode,
+            )
     finally:
         envs.close()
     timeline.extend(rollouts.timeline)
     return list(rollouts)
+
+
+@contextlib.contextmanager
+def _generation_policy(model_path: str, **options: Any) -> Iterator[Any]:
+    """:func:`~birdtrain.policies.generation_policy`, its engine stopped when the body ends (a
+    vLLM engine runs in a process of its own)."""
+    from birdtrain.policies import generation_policy
+
+    generator = generation_policy(model_path, **options)
+    try:
+        yield generator
+    finally:
+        if hasattr(generator, "close"):
+            generator.close()
 
 
 def _single_episodes(
@@ -228,22 +242,22 @@ def _single_episodes(
             for p in prompts:
                 answered(endpoint.answer(p, max_new_tokens=max_new_tokens, temperature=temperature))
         return episodes
-    from birdtrain.policies import generation_policy
-
-    generator = generation_policy(policy, engine=engine, engine_options=engine_options, dtype=dtype)
-    tokenizer = generator.tokenizer
-    with timeline.span("generation"):
-        for i in range(0, len(prompts), num_envs):
-            batch = [
-                tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
-                for p in prompts[i : i + num_envs]
-            ]
-            # transformers 5 returns a BatchEncoding (a mapping, not a dict) for tokenize=True.
-            batch = [list(ids["input_ids"] if hasattr(ids, "keys") else ids) for ids in batch]
-            for ids, _ in generator.generate(
-                batch, max_new_tokens=max_new_tokens, temperature=temperature
-            ):
-                answered(tokenizer.decode(ids, skip_special_tokens=True))
+    with _generation_policy(
+        policy, engine=engine, engine_options=engine_options, dtype=dtype
+    ) as generator:
+        tokenizer = generator.tokenizer
+        with timeline.span("generation"):
+            for i in range(0, len(prompts), num_envs):
+                batch = [
+                    tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
+                    for p in prompts[i : i + num_envs]
+                ]
+                # transformers 5 returns a BatchEncoding (a mapping, not a dict) for tokenize=True.
+                batch = [list(ids["input_ids"] if hasattr(ids, "keys") else ids) for ids in batch]
+                for ids, _ in generator.generate(
+                    batch, max_new_tokens=max_new_tokens, temperature=temperature
+                ):
+                    answered(tokenizer.decode(ids, skip_special_tokens=True))
     return episodes
 
 
