@@ -187,7 +187,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print(f"{args.suite}: {len(tasks)} tasks, data ready in {time.perf_counter() - start:.1f} s")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = gym.make("BirdCritic-SQLite-v0", suite=args.suite)
+    from birdenv.envs import env_id_for
+
+    env = gym.make(env_id_for(tasks[0]), suite=args.suite)  # a PostgreSQL suite on PostgreSQL
     for name, agent_cls in AGENTS.items():
         agent = agent_cls()
         started = time.perf_counter()

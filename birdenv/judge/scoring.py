@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
-from birdenv.errors import TaskKindError
+from birdenv.errors import ArgumentError, TaskKindError
 from birdenv.judge import ex
 from birdenv.judge.instance import judge
 from birdenv.judge.scheduling import judge_many
@@ -128,6 +128,12 @@ def _critic_pg_many(
 ) -> Iterator[Judgement]:
     from birdenv.judge.postgres import judge_pg_many
 
+    if ray:
+        # Each instance waits on the server, not on a CPU here: threads are the parallelism.
+        raise ArgumentError(
+            "PostgreSQL tasks are judged on their server by threads of this process (processes=N "
+            "of them); ray=True spreads SQLite judging only"
+        )
     return judge_pg_many(jobs, processes=processes, statement_timeout=statement_timeout)
 
 
