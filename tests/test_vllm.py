@@ -317,7 +317,8 @@ def test_agent_mode_in_bfloat16_the_engines_part_only_at_a_bfloat16_tie(smollm: 
     :func:`test_eval_agent_mode_vllm_equals_transformers_in_float32`). In bfloat16 the logits
     are rounded to steps of 0.125 at that size: transformers computes 27.375 and 27.25 (adjacent
     bfloat16 numbers) and takes "."; vLLM, decoding, computes them equal (both log-probs -1.7497)
-    and takes "," (the lower id). Over the 17 shared tokens the engines' log-probs differ by up
+    and takes "," (the lower id); prefilling that same context instead, vLLM computes them one
+    step apart and takes "." too. Over the 17 shared tokens the engines' log-probs differ by up
     to 0.126 (mean 0.032): one bfloat16 step of the logits.
     """
     import math
