@@ -35,6 +35,21 @@ def test_sizes_categories_and_disjointness(both: dict) -> None:
     assert max(sizes) >= 100e6
 
 
+def test_the_postgresql_suites_sizes_categories_and_disjointness(both: dict) -> None:
+    gym, critic = both["gym-mini-pg"], both["critic-mini-pg"]
+    assert len(gym) >= 80 and len(critic) >= 40
+    assert not {t.instance_id for t in gym} & {t.instance_id for t in critic}
+    assert not {tuple(t.issue_sql) for t in gym} & {tuple(t.issue_sql) for t in critic}
+    assert {t.dialect for t in gym + critic} == {"PostgreSQL"}
+    for tasks in (gym, critic):
+        counts = Counter(t.category for t in tasks)
+        assert counts["Management"] / len(tasks) >= 0.10, counts
+        assert counts["Personalization"] / len(tasks) >= 0.15, counts
+        # DDL, triggers and functions are written for every database, not for one of them
+        beyond_query = {t.db_id for t in tasks if t.category != "Query"}
+        assert len(beyond_query) == 6, beyond_query
+
+
 @pytest.mark.parametrize(
     "suite",
     # The PostgreSQL suites take minutes (a clone per judgement): tests/test_postgres_env.py
