@@ -214,6 +214,34 @@ def test_eval_agent_mode_with_vllm_starts_the_env_workers_first(tmp_path: Path) 
     assert len(workers) >= 2 and not any(workers.values()), workers
 
 
+def test_an_isolated_evaluation_stops_its_engine_process_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    """The curriculum's evaluation in a process of its own (``isolate=true``, as on a GPU), with
+    vLLM's engine in its own process (vLLM's default, off elsewhere in this module): the engine is
+    stopped when the evaluation ends, so that process exits and the run completes. Before, it
+    waited for the engine's process for ever and the run hung after its first evaluation."""
+    argv = [
+        *(sys.executable, "-m", "birdtrain.cli", "curriculum", "--output-dir", str(tmp_path)),
+        *("--preset", "smoke", "model.name_or_path=smollm", "isolate=true"),
+        *(f"stage{i}.enabled=false" for i in range(1, 5)),
+        *("eval.after=[]", "eval.max_tasks=1", "eval.train_tasks=0", "eval.modes=[single]"),
+        *("eval.max_new_tokens=8", "eval.enforce_eager=true"),
+    ]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=420)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the run did not end in {exc.timeout} s: {str(exc.stderr)[-2000:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "smoke" / "eval" / "before" / "summary.json").is_file()
+    (record,) = [
+        json.loads(line)
+        for line in (tmp_path / "smoke" / "processes.jsonl").read_text().splitlines()
+    ]
+    assert record["name"] == "eval before" and record["exitcode"] == 0
+
+
 def _evaluated(
     smollm: str, out: Path, engine: str, *, dtype: str = "bfloat16", **settings: Any
 ) -> list[tuple[Any, ...]]:
