@@ -24,7 +24,6 @@ from birdenv.replicas.session import Result
 __all__ = [
     "MAX_CELL_CHARS",
     "MAX_SHOWN_ROWS",
-    "TOOL_INSTRUCTIONS",
     "TOOL_SCHEMAS",
     "ToolCall",
     "ToolCallError",
@@ -35,6 +34,7 @@ __all__ = [
     "has_tool_call",
     "parse_tool_call",
     "submit_solution",
+    "tool_instructions",
 ]
 
 #: Rows of a result shown to the model; the total count is always reported.
@@ -52,7 +52,7 @@ def execute_sql(sql: str) -> str:
     sees them. The submitted solution is judged on a fresh copy.
 
     Args:
-        sql: Exactly one SQLite statement.
+        sql: Exactly one SQL statement, in the database's dialect.
     """
     raise NotImplementedError("a tool signature: the environment executes it")
 
@@ -79,7 +79,10 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "sql": {"type": "string", "description": "Exactly one SQLite statement."}
+                    "sql": {
+                        "type": "string",
+                        "description": "Exactly one SQL statement, in the database's dialect.",
+                    }
                 },
                 "required": ["sql"],
             },
@@ -107,13 +110,25 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
     },
 ]
 
-TOOL_INSTRUCTIONS = """# Tools
+_TOOL_INSTRUCTIONS = """# Tools
 You work on your own copy of this database. Each turn, think if you like, then call exactly one tool:
-- execute_sql(sql): run one SQLite statement and see its result; your changes persist across turns.
+- execute_sql(sql): run one {dialect} statement and see its result; your changes persist across turns.
 - submit_solution(sql_list): submit the corrected SQL statements (one statement per string); this ends the task.
 Call a tool like this:
-<tool_call>{"name": "execute_sql", "arguments": {"sql": "SELECT ..."}}</tool_call>
-<tool_call>{"name": "submit_solution", "arguments": {"sql_list": ["..."]}}</tool_call>"""
+<tool_call>{{"name": "execute_sql", "arguments": {{"sql": "SELECT ..."}}}}</tool_call>
+<tool_call>{{"name": "submit_solution", "arguments": {{"sql_list": ["..."]}}}}</tool_call>"""
+
+
+#: How the tool section names each dialect (a task's ``dialect`` is compared without case).
+_DIALECT_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
+
+
+def tool_instructions(dialect: str = "SQLite") -> str:
+    """The prompt's tool section for a database of ``dialect`` (``"sqlite"``, ``"PostgreSQL"``,
+    ...): the two tools and how to call them."""
+    name = _DIALECT_NAMES.get(dialect.lower(), dialect)
+    return _TOOL_INSTRUCTIONS.format(dialect=name)
+
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _PARAMETERS = {"execute_sql": ("sql", str), "submit_solution": ("sql_list", list)}

@@ -205,6 +205,14 @@ def test_the_prompt_shows_the_postgresql_schema() -> None:
     assert "amount double precision NOT NULL" in prompt
     assert "CREATE TRIGGER" not in prompt  # SQLite's triggers are not in the template
     assert "ALTER TABLE loans ADD FOREIGN KEY (account_id) REFERENCES accounts" in prompt
+    # The tool section names the task's dialect (SQLite's tasks keep theirs).
+    assert "execute_sql(sql): run one PostgreSQL statement" in prompt
+    sqlite = gym.make("BirdCritic-SQLite-v0")
+    try:
+        sqlite_prompt, _ = sqlite.reset(seed=0)
+    finally:
+        sqlite.close()
+    assert "execute_sql(sql): run one SQLite statement" in sqlite_prompt
 
 
 def test_the_sqlite_environment_refuses_postgresql_tasks() -> None:

@@ -23,12 +23,12 @@ from birdenv.replicas.session import Limits, Session
 from birdenv.schema import PromptOptions, ServerCatalog, task_schema
 from birdenv.tasks import BaseTask, load_tasks
 from birdenv.tools import (
-    TOOL_INSTRUCTIONS,
     TOOL_SCHEMAS,
     ToolCallError,
     format_observation,
     format_verdict,
     parse_tool_call,
+    tool_instructions,
 )
 
 __all__ = [
@@ -100,7 +100,7 @@ def render_prompt(
         goal=task.goal,
         schema=task_schema(task, options, catalog=catalog),
         sections=task.prompt_text(),
-        tools=TOOL_INSTRUCTIONS,
+        tools=tool_instructions(task.dialect),
     )
     return f"{prompt}\n{task.submission_rule}" if task.submission_rule else prompt
 
