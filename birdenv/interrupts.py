@@ -30,7 +30,8 @@ def interrupts_held(*, delivered: bool = True) -> Iterator[list[int]]:
     Python handler raise mid-body (only the main thread can change handlers; elsewhere the
     mask alone holds). On the way out, the handlers are put back and, with ``delivered``,
     the noted signals raised to them; else the caller does it with :func:`deliver` after its
-    own clean-up.
+    own clean-up. A process *forked* inside inherits the noting handlers as well as the mask:
+    it must set its own before it unblocks the signals.
     """
     noted: list[int] = []
     previous: dict[int, object] = {}

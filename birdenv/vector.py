@@ -99,11 +99,14 @@ def _leaving_ctrl_c_to_the_parent(parent: int, make: Callable[[], gym.Env]) -> g
     its own while its parent unwinds from its own ``KeyboardInterrupt``: the parent's ``close()``
     would then meet a broken pipe in place of the interrupt, and the worker print a traceback.
     The parent ends its workers with ``close()``. The worker starts with the interrupts blocked
-    (:func:`make_vec`), so that no Ctrl-C reaches it before it ignores the signal; SIGTERM keeps
-    its default. Gymnasium
+    (:func:`make_vec`), so that no Ctrl-C reaches it before it ignores the signal; SIGTERM ends
+    it. Gymnasium
     also builds one copy in the parent, to read its spaces: the parent keeps its own SIGINT."""
     if os.getpid() != parent:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Forked while the parent only noted interrupts (interrupts_held): SIGTERM must end it
+        # (Gymnasium's close(terminate=True), a supervisor), not be noted and forgotten.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)
     return make()
 

@@ -175,6 +175,8 @@ from birdenv.interrupts import interrupts_held
 from birdtrain.rundir import raise_on_sigterm
 
 raise_on_sigterm()
+# Ctrl-C at its default, as in a terminal's foreground job (a background job inherits it ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 # A second thread, as torch and tokenizers start: the kernel hands a process-directed signal to a
 # thread that does not block it, so blocking it in this thread alone would not hold it.
 threading.Thread(target=threading.Event().wait, daemon=True).start()
@@ -243,10 +245,13 @@ FORKING_HOLDER = textwrap.dedent(
     """
     import os, sys, time
     from birdenv.files import directory_lock
+    ready, started = os.pipe()
     with directory_lock(sys.argv[1], "forking-holder"):
         if os.fork() == 0:  # a worker, as a judge pool forks one
+            os.write(started, b"1")  # running: what it does at fork is done
             time.sleep(60)
             os._exit(0)
+        os.read(ready, 1)
         print("held", flush=True)
         time.sleep(60)
     """

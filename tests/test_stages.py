@@ -572,7 +572,7 @@ def test_bfloat16_on_a_cpu_trains_and_samples_under_autocast(
     assert not all(torch.equal(start[k], weights[k]) for k in start)  # it trained
 
     computed.clear()
-    sampler = stage_actor(trainer, use_vllm=False)
+    sampler = stage_actor(trainer)
     ids = trainer.processing_class("SELECT 1")["input_ids"]
     ((tokens, logps),) = sampler.generate([ids], max_new_tokens=3, temperature=0)
     assert computed and set(computed) == {torch.bfloat16}

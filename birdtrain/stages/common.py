@@ -76,12 +76,13 @@ def prompt_groups(prompts: list[Any]) -> tuple[list[str], int]:
 
 def stage_actor(trainer: Any, policy: Any = None) -> Any:
     """The sampler of a GRPO stage's rollouts: ``policy(trainer)`` when given (scripted actors,
-    tests), else the trainer's vLLM engine (``trainer.args.use_vllm``) or the trained model."""
+    tests), else the trainer's vLLM engine (a GRPO trainer's ``args.use_vllm``) or the trained
+    model."""
     from birdtrain import policies
 
     if policy is not None:
         return policy(trainer)
-    if trainer.args.use_vllm:
+    if getattr(trainer.args, "use_vllm", False):  # an SFT trainer has no vLLM
         return policies.VLLMPolicy(trainer)
     model = trainer.accelerator.unwrap_model(trainer.model)
     # Sampled under the autocast the trainer scores under, so a rollout's logprobs are the ones
