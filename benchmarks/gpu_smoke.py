@@ -18,13 +18,24 @@ from __future__ import annotations
 import copy
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
-# TRL's colocated engine joins a one-process torch.distributed group: on a free port.
+
+def _free_port() -> int:
+    """A port the system has just found free on 127.0.0.1."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# TRL's colocated engine joins a one-process torch.distributed group. Given no port (or "0"),
+# TRL takes the first free one of 29500, 23456, ...: two checks starting at once (the lane runs
+# two test processes) both took 29500, and the second failed with EADDRINUSE.
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-os.environ["MASTER_PORT"] = "0"
+os.environ["MASTER_PORT"] = str(_free_port())
 
 #: The checked model: Qwen2's architecture, small enough to train in seconds on one GPU (and on a
 #: CPU), with head size 64 (one vLLM's CPU kernel takes too).
