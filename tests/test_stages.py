@@ -773,18 +773,13 @@ def test_rewards_on_real_completions(shop: list[Task]) -> None:
         solution_reward([None], [completions[0]], task_id=["nowhere_1"])
 
 
-def test_smollm_ends_a_turn_with_the_eos_of_its_template(tmp_path: Path) -> None:
-    """SmolLM2 converted from its GGUF: the EOS is the token the chat template closes an assistant
-    turn with, and generation_config's; transformers 5.17 (what a vLLM install resolves) read
-    it as <|im_start|>, and a multi-turn rollout then refused the template."""
-    from birdtrain.models import build_smollm, load_tokenizer
+def test_smollm_ends_a_turn_with_the_eos_of_its_template() -> None:
+    """SmolLM2's tokenizer converted from its GGUF: the EOS is the token the chat template closes
+    an assistant turn with (id 2, generation_config's); transformers 5.17 (what a vLLM install
+    resolves) read it as <|im_start|>, and a multi-turn rollout then refused the template."""
+    from birdtrain.models import smollm_tokenizer
 
-    path = build_smollm(tmp_path / "smollm")
-    tokenizer = load_tokenizer(str(path))
-    generation = json.loads((path / "generation_config.json").read_text())
-    assert (tokenizer.eos_token, tokenizer.eos_token_id) == (
-        "<|im_end|>",
-        generation["eos_token_id"],
-    )
+    tokenizer = smollm_tokenizer()
+    assert (tokenizer.eos_token, tokenizer.eos_token_id) == ("<|im_end|>", 2)
     turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "SELECT 1"}]
     assert "SELECT 1" + tokenizer.eos_token in tokenizer.apply_chat_template(turns, tokenize=False)
