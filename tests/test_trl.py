@@ -129,8 +129,24 @@ def _two_grpo_steps(tmp_path: Path, dataset, environment_factory) -> list[dict]:
     return logged
 
 
-def test_two_grpo_steps_with_the_tiny_model(shop_tasks: list, tmp_path: Path) -> None:
+def _assert_rewards_are_the_verdicts(
+    logged: list[dict], reported: list[tuple[object, object, float]], env_name: str
+) -> None:
+    """Each step's rewards (``reported``: task, submission, reward, in order) are the judge's
+    verdicts on the submissions, and TRL logged their mean as the env's reward."""
     from birdenv.judge import judge
+
+    per_step = len(reported) // len(logged)
+    assert per_step >= 2 and len(reported) == per_step * len(logged)
+    for step, entry in enumerate(logged):
+        batch = reported[step * per_step : (step + 1) * per_step]
+        verdicts = [float(judge(task, submission).passed) for task, submission, _ in batch]
+        assert [reward for _, _, reward in batch] == verdicts
+        assert entry[f"rewards/{env_name}/mean"] == pytest.approx(sum(verdicts) / len(verdicts))
+    assert {reward for _, _, reward in reported} == {0.0, 1.0}  # passing and failing alike
+
+
+def test_two_grpo_steps_with_the_tiny_model(shop_tasks: list, tmp_path: Path) -> None:
 
     # The tiny random model never hands in a solution, so each rollout's environment hands one in
     # as it starts: the gold in every other rollout, the issue SQL in the rest. What TRL logs as
@@ -155,14 +171,7 @@ def test_two_grpo_steps_with_the_tiny_model(shop_tasks: list, tmp_path: Path) ->
     logged = _two_grpo_steps(
         tmp_path, suite_dataset(shop_tasks), functools.partial(HandsIn, tasks=shop_tasks)
     )
-    per_step = len(reported) // len(logged)
-    assert per_step >= 2 and len(reported) == per_step * len(logged)
-    for step, entry in enumerate(logged):
-        batch = reported[step * per_step : (step + 1) * per_step]
-        verdicts = [float(judge(task, submission).passed) for task, submission, _ in batch]
-        assert [reward for _, _, reward in batch] == verdicts
-        assert entry["rewards/HandsIn/mean"] == pytest.approx(sum(verdicts) / len(verdicts))
-    assert {reward for _, _, reward in reported} == {0.0, 1.0}  # passing and failing alike
+    _assert_rewards_are_the_verdicts(logged, reported, "HandsIn")
 
 
 def test_two_grpo_steps_on_a_mixture(shop_tasks: list, tmp_path: Path) -> None:
@@ -188,7 +197,6 @@ def test_two_grpo_steps_against_a_birdenv_serve_server(tmp_path: Path) -> None:
     # technique of the test above); the server's judge scores it over the WebSocket.
     pytest.importorskip("openenv", reason="OpenEnv's client is in the openenv extra")
     from birdenv.integrations.openenv import BirdOpenEnvTRLEnv
-    from birdenv.judge import judge
     from tests.test_adapters import SUITE, Server
 
     tasks = {task.instance_id: task for task in load_tasks(SUITE)[:2]}
@@ -220,11 +228,4 @@ def test_two_grpo_steps_against_a_birdenv_serve_server(tmp_path: Path) -> None:
         assert server.leases() == 0
     finally:
         server.close()
-    per_step = len(reported) // len(logged)
-    assert per_step >= 2 and len(reported) == per_step * len(logged)
-    for step, entry in enumerate(logged):
-        batch = reported[step * per_step : (step + 1) * per_step]
-        verdicts = [float(judge(task, submission).passed) for task, submission, _ in batch]
-        assert [reward for _, _, reward in batch] == verdicts
-        assert entry["rewards/OverOpenEnv/mean"] == pytest.approx(sum(verdicts) / len(verdicts))
-    assert {reward for _, _, reward in reported} == {0.0, 1.0}  # passing and failing alike
+    _assert_rewards_are_the_verdicts(logged, reported, "OverOpenEnv")
