@@ -157,8 +157,16 @@ def test_a_model_vllm_would_compute_differently_is_refused(tmp_path: Path) -> No
 
 
 def _vllm_children(pid: int, seen: dict[int, bool], stop: threading.Event) -> None:
-    """Until ``stop``: for each child process of ``pid``, whether vLLM's libraries are mapped in
-    it (a child forked after the engine started carries them)."""
+    """Until ``stop``: for each worker process ``pid`` forked, whether vLLM's libraries are mapped
+    in it (a child forked after the engine started carries them).
+
+    A worker runs ``pid``'s command line for as long as it lives (it never executes another
+    program), so it is told by being seen so over 2 s at least. A helper that ``pid`` runs
+    (``subprocess`` forks, then executes the program) also has ``pid``'s command line and mappings
+    until its exec, which on a loaded machine was seen to take over 0.1 s."""
+    command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    first: dict[int, float] = {}
+    mapped: dict[int, bool] = {}
     while not stop.is_set():
         for task in Path(f"/proc/{pid}/task").glob("*"):
             try:
@@ -167,10 +175,15 @@ def _vllm_children(pid: int, seen: dict[int, bool], stop: threading.Event) -> No
                 continue
             for child in map(int, children):
                 try:
+                    if Path(f"/proc/{child}/cmdline").read_bytes() != command:
+                        continue
                     maps = Path(f"/proc/{child}/maps").read_text()
                 except OSError:
                     continue
-                seen[child] = seen.get(child, False) or "/vllm/" in maps
+                first.setdefault(child, time.monotonic())
+                mapped[child] = mapped.get(child, False) or "/vllm/" in maps
+                if time.monotonic() - first[child] >= 2:
+                    seen[child] = mapped[child]
         time.sleep(0.2)
 
 
