@@ -77,8 +77,8 @@ def _run_children(session: pytest.Session, scope: str) -> dict[str, list[Any]]:
         env = {**os.environ, INSIDE: "1", _REPORTS: str(reports_path), "RAY_AUTH_MODE": "disabled"}
         env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         # Ray starts its workers at niceness 15, to yield to the driver; beside other test
-        # processes (make test runs its lanes side by side) every one of those is ahead of them,
-        # and a module's Ray tests took 9 min instead of 2.
+        # processes (make test runs its lanes side by side) every one of those would come first,
+        # and a test that waits on an actor would wait on them all.
         env.setdefault("RAY_worker_niceness", "0")
         command = [
             *prefix,
