@@ -336,7 +336,11 @@ def test_stage1_labels_only_the_completion(shop: list[Task], tiny: str, tmp_path
         "task_id": task.instance_id,
     }
     trainer = sft.build_trainer(
-        _cfg(), model_path=tiny, out_dir=tmp_path, examples=[example], stage=1
+        _cfg(**{"model.gradient_checkpointing": True}),
+        model_path=tiny,
+        out_dir=tmp_path,
+        examples=[example],
+        stage=1,
     )
     row = trainer.train_dataset[0]
     labelled = [
@@ -344,7 +348,7 @@ def test_stage1_labels_only_the_completion(shop: list[Task], tiny: str, tmp_path
     ]
     text = trainer.processing_class.decode(labelled)
     assert answer in text and "# Database Schema" not in text and "<|im_start|>user" not in text
-    # TRL checkpoints activations unless told otherwise; the model setting decides.
+    # The model setting decides whether TRL checkpoints activations, either way.
     assert trainer.args.gradient_checkpointing is True
     lean = sft.build_trainer(
         _cfg(**{"model.gradient_checkpointing": False}),
