@@ -401,6 +401,17 @@ def verl_harness() -> Iterator[VerlHarness]:
 
 @pytest.fixture(scope="module")
 def openenv_server() -> Iterator[Server]:
+    """The contract's server, with the default idle timeout: a turn that comes seconds after the
+    last one (a loaded machine) finds its session."""
+    framework("openenv")
+    server = Server("--max-turns", str(MAX_TURNS))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def reaping_server() -> Iterator[Server]:
+    """A server that closes a session after 1 s of silence."""
     framework("openenv")
     server = Server("--max-turns", str(MAX_TURNS), "--idle-timeout", "1")
     yield server
@@ -516,15 +527,18 @@ def test_openenv_step_without_a_session_is_a_clear_409(openenv_server: Server) -
 
 
 def test_openenv_binds_loopback_and_an_idle_session_loses_its_lease(
-    openenv_server: Server,
+    reaping_server: Server,
 ) -> None:
-    assert f"http://127.0.0.1:{openenv_server.port}" in openenv_server.banner
-    before = openenv_server.leases()
-    run = OpenEnvRun(openenv_server)
+    assert f"http://127.0.0.1:{reaping_server.port}" in reaping_server.banner
+    run = OpenEnvRun(reaping_server)
     assert run.step(WRITE)[0].startswith("status: ok")
-    assert openenv_server.leases() == before + 1
+    assert reaping_server.leases() == 1
     # Connected but silent: OpenEnv's reaper (every 5 s at the least) closes it after 1 s idle.
-    wait_for(lambda: openenv_server.leases() == before, 30, "the idle session is reaped")
+    wait_for(lambda: reaping_server.leases() == 0, 30, "the idle session is reaped")
+    # Its next turn says why the episode is gone, not that it was played out.
+    observation, reward, done = run.step(READ)
+    assert observation.startswith("status: error") and "idle past its timeout" in observation
+    assert (reward, done) == (0.0, True)
     run.abandon()
 
 

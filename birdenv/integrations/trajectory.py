@@ -37,6 +37,10 @@ __all__ = ["KINDS", "Trajectory", "Turn", "task_list"]
 KINDS = {"critic": "BirdCritic-SQLite-v0", "bird": "BirdSQL-SQLite-v0"}
 
 _OVER = "status: error\nerror: the episode is over (submitted or out of turns); start a new one"
+_CLOSED = (
+    "status: error\nerror: the episode's session was closed before the episode ended (a server "
+    "closes a session idle past its timeout); start a new one"
+)
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,9 @@ class Trajectory:
         self.verdict: dict[str, Any] | None = None
         self.passed = False
         self.done = True
+        # The episode was cut short by close() (a server's idle reaper, a disconnect): its next
+        # turn says so, not that the episode was played out.
+        self._closed_early = False
 
     @property
     def task_ids(self) -> list[str]:
@@ -143,6 +150,7 @@ class Trajectory:
             prompt, _ = self.env.reset(seed=seed, options=options)
             self.task = self.env.unwrapped.task
             self.reward, self.verdict, self.passed, self.done = 0.0, None, False, False
+            self._closed_early = False
             return prompt
 
     def turn(self, text: str) -> Turn:
@@ -150,7 +158,8 @@ class Trajectory:
         error observation, as is any turn after the episode ended; nothing here raises for it."""
         with self._lock:
             if self.done:
-                return Turn(_OVER, 0.0, True, self.verdict, self.passed)
+                message = _CLOSED if self._closed_early else _OVER
+                return Turn(message, 0.0, True, self.verdict, self.passed)
             observation, reward, terminated, truncated, info = self.env.step(text)
             if terminated or truncated:
                 self.reward, self.verdict, self.done = float(reward), info.get("verdict"), True
@@ -166,5 +175,6 @@ class Trajectory:
     def close(self) -> None:
         """End the episode and free its session (safe to call twice)."""
         with self._lock:
+            self._closed_early = self._closed_early or not self.done
             self.done = True
             self.env.close()
