@@ -72,6 +72,11 @@ demo: $(STAMP)
 	$(VENV)/bin/birdtrain curriculum --preset smoke
 	@echo "report: runs/smoke/report/report.html"
 
+# Every pytest run that make starts uses the `ci` Hypothesis profile of conftest.py: the same
+# examples every run, and no deadline or health check that judges the machine's speed.
+# `make test HYPOTHESIS_PROFILE=dev` explores fresh examples instead.
+export HYPOTHESIS_PROFILE ?= ci
+
 # The three environments are installed one after another (each editable install builds the C
 # extensions in place, into the same files), then the three lanes run side by side: each has
 # stretches that leave a core idle (engine and trainer start-up, a module's tail on one worker),
