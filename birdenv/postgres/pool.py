@@ -3,17 +3,27 @@
 A template is an ordinary database made once from a source (:class:`Template`: a key, the
 source's content hash, and a function that loads it), named ``bt_{key}_{hash}``, marked a template
 and closed to connections: after it is made nobody connects to it again, so cloning it never
-fails on a visitor. Its objects belong to the role ``birdenv_owner``, which logs in nowhere.
+fails on a visitor. Its objects belong to the role ``birdenv_owner``, which logs in nowhere and
+has no members; the databases themselves belong to the administrator. When a pool starts it checks
+every template's catalog entry (a template, closed to connections, no connection limit, no
+settings, no grants, its comment) and that ``birdenv_owner`` has no members: what differs is
+repaired, a template that was opened to connections (its contents may have changed) is dropped and
+rebuilt from its source on next use, and one line of the log says what was done.
 
 :class:`DatabasePool` keeps ``ready`` clones of each template it has served (``CREATE DATABASE ...
 TEMPLATE``), refilled by a background thread, so that :meth:`DatabasePool.lease` hands out a ready
 database in about a millisecond; :meth:`DatabasePool.release` drops it in the background. Each
-clone has its own login role, of the same name, which owns the clone and is a member of
-``birdenv_owner`` (so it may alter and drop the tables), and nothing else: not a superuser, no
-``CREATEDB``/``CREATEROLE``, no ``pg_execute_server_program``, and its backends can be signalled
-by no other clone's role (PostgreSQL lets a role signal only its own backends). The server refuses
-``COPY ... TO PROGRAM``, ``ALTER SYSTEM``, server-side ``lo_import``, untrusted languages,
-``dblink``, ``CREATE DATABASE`` and ``SET ROLE`` to the administrator by itself.
+clone has its own login role, of the same name, which owns what lives inside the clone (its
+schemas, tables, views and sequences, given to it when the clone is made) and nothing else. It is
+a member of no role, and the clone database itself is the administrator's: the role has
+``CONNECT``, ``CREATE`` and ``TEMPORARY`` on it, so no ``ALTER DATABASE``, ``COMMENT ON
+DATABASE``, ``GRANT`` on a template or ``REASSIGN OWNED`` can reach shared state. It is not a
+superuser, has no ``CREATEDB``/``CREATEROLE``, no ``pg_execute_server_program``, and its backends
+can be signalled by no other clone's role (PostgreSQL lets a role signal only its own backends).
+The server refuses ``COPY ... TO PROGRAM``, ``ALTER SYSTEM``, server-side ``lo_import``, untrusted
+languages, ``dblink``, ``CREATE DATABASE`` and ``SET ROLE`` to the administrator by itself. The
+advisory-lock functions are revoked in every clone (a lock taken by one would outlive its
+statement); :mod:`birdenv.postgres.watchdog` bounds each statement's time, locks and memory.
 
 Clones are named ``bc_{host}_{pid}_{life}_{n}`` (``life``: random per process); a pool drops, when
 it starts, the clones and roles left by a process of this host that is no longer alive (a crash),
@@ -28,6 +38,7 @@ import contextlib
 import dataclasses
 import hashlib
 import itertools
+import logging
 import os
 import re
 import secrets
@@ -45,6 +56,8 @@ from birdenv.postgres.server import (
     default_server,
     psycopg,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "OWNER_ROLE",
@@ -85,11 +98,24 @@ class Template:
 
 @dataclasses.dataclass(frozen=True)
 class RoleLimits:
-    """Settings every clone's role gets, which the agent cannot raise: ``temp_file_limit`` is a
-    superuser's setting; ``work_mem`` is the default (a session may change it for itself)."""
+    """Bounds every clone's role gets. ``temp_file_limit`` is a superuser's setting, which the
+    agent cannot raise; ``work_mem`` is the default (a session may change it for itself);
+    ``client_connection_check_interval`` ends a statement whose client went away.
+
+    The others hold whatever a session sets (:mod:`birdenv.postgres.watchdog`): ``max_locks``
+    locks one backend may hold while a statement runs (checked every ``0.1`` s; past it the
+    statement is cancelled); ``max_backend_memory`` bytes of memory a backend may allocate beyond
+    what it had when it connected (an operating-system limit on the backend's address space, set
+    on the project's own cluster only: another server's backends are not this machine's to
+    limit; None: no bound); ``grace`` seconds a cancelled statement has to stop before its backend
+    is terminated."""
 
     work_mem: str = "32MB"
     temp_file_limit: str = "1GB"
+    client_connection_check_interval: str = "1s"
+    max_locks: int = 2000
+    max_backend_memory: int | None = 1 << 30
+    grace: float = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,12 +126,20 @@ class Lease:
     template: str
 
 
-# Run in a clone as the administrator, {role} being the clone's role: schemas and relations
-# change owner (a table's own sequences follow it; other sequences after).
+# Run in every new clone as the administrator, {role} being the clone's role: schemas and
+# relations change owner (a table's own sequences follow it; other sequences after), and the
+# advisory-lock functions are revoked (unlocking stays): a session-level advisory lock outlives its
+# statement, and thousands of them fill the cluster's shared lock table for every trajectory.
 _ADOPT = """
 DO $adopt$
 DECLARE item record;
 BEGIN
+    FOR item IN SELECT p.oid::regprocedure AS fn FROM pg_proc p
+            WHERE p.pronamespace = 'pg_catalog'::regnamespace
+              AND p.proname LIKE '%advisory%lock%' AND p.proname NOT LIKE '%unlock%'
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', item.fn);
+    END LOOP;
     FOR item IN SELECT nspname FROM pg_namespace
             WHERE nspname NOT IN ('pg_catalog', 'information_schema') AND nspname NOT LIKE 'pg\\_%'
     LOOP
@@ -213,6 +247,7 @@ class DatabasePool:
                 if not exists:
                     conn.execute(f"CREATE ROLE {OWNER_ROLE} NOLOGIN")
                 self._drop_leaked(conn)
+                self._check_templates(conn)
             finally:
                 conn.execute("SELECT pg_advisory_unlock(hashtext('birdenv-setup'))")
 
@@ -227,6 +262,80 @@ class DatabasePool:
             pid = int(match.group(2))
             if not _alive(pid) or (pid == os.getpid() and match.group(3) != _LIFE):
                 self._drop(name, conn)
+
+    def _check_templates(self, conn: Any) -> None:
+        """Put the owner role and every template back in the state :meth:`_build` left them in
+        (see the module's docstring); log one line when anything differed."""
+        repaired: list[str] = []
+        members = conn.execute(
+            "SELECT m.rolname FROM pg_auth_members a JOIN pg_roles r ON r.oid = a.roleid "
+            "JOIN pg_roles m ON m.oid = a.member WHERE r.rolname = %s",
+            (OWNER_ROLE,),
+        ).fetchall()
+        for (member,) in members:
+            conn.execute(f"REVOKE {OWNER_ROLE} FROM {_quote(member)}")
+            repaired.append(f"{member} no longer a member of {OWNER_ROLE}")
+        if conn.execute(
+            "SELECT 1 FROM pg_roles WHERE rolname = %s AND (rolcanlogin OR rolsuper OR "
+            "rolcreatedb OR rolcreaterole OR rolreplication OR rolbypassrls)",
+            (OWNER_ROLE,),
+        ).fetchone():
+            conn.execute(
+                f"ALTER ROLE {OWNER_ROLE} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                "NOREPLICATION NOBYPASSRLS"
+            )
+            repaired.append(f"{OWNER_ROLE}'s attributes")
+        dropped: list[str] = []
+        rows = conn.execute(
+            "SELECT d.datname, d.datistemplate, d.datallowconn, d.datconnlimit, "
+            "pg_get_userbyid(d.datdba), coalesce(shobj_description(d.oid, 'pg_database'), ''), "
+            "EXISTS (SELECT 1 FROM pg_db_role_setting s WHERE s.setdatabase = d.oid), "
+            "ARRAY(SELECT DISTINCT a.grantee::regrole::text FROM aclexplode(d.datacl) a "
+            "      WHERE a.grantee NOT IN (0, d.datdba)) "
+            "FROM pg_database d WHERE d.datname ~ '^bt_.+_[0-9a-f]+$'"
+        ).fetchall()
+        for name, template, allowconn, limit, owner, comment, settings, grantees in rows:
+            quoted = _quote(name)
+            if allowconn or not comment.startswith("birdenv template "):
+                # Open to connections, its contents may have changed; or not ours as made.
+                if template:
+                    conn.execute(f"ALTER DATABASE {quoted} IS_TEMPLATE false")
+                conn.execute(f"DROP DATABASE {quoted} WITH (FORCE)")
+                dropped.append(name)
+                continue
+            fixes = []
+            if not template:
+                fixes.append("IS_TEMPLATE true")
+            if limit != -1:
+                fixes.append("CONNECTION LIMIT -1")
+            if fixes:
+                conn.execute(f"ALTER DATABASE {quoted} WITH {' '.join(fixes)}")
+            if owner != OWNER_ROLE:
+                conn.execute(f"ALTER DATABASE {quoted} OWNER TO {OWNER_ROLE}")
+                fixes.append("owner")
+            if settings:
+                for (role,) in conn.execute(
+                    "SELECT CASE WHEN s.setrole = 0 THEN NULL ELSE s.setrole::regrole::text END "
+                    "FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase "
+                    "WHERE d.datname = %s",
+                    (name,),
+                ).fetchall():
+                    target = f"ROLE {role} IN DATABASE" if role else "DATABASE"
+                    conn.execute(f"ALTER {target} {quoted} RESET ALL")
+                fixes.append("settings")
+            for grantee in grantees:
+                conn.execute(f"REVOKE ALL ON DATABASE {quoted} FROM {grantee}")
+                fixes.append(f"grant to {grantee}")
+            if fixes:
+                repaired.append(f"{name} ({', '.join(fixes)})")
+        if repaired or dropped:
+            log.warning(
+                "database pool on %s: templates and roles checked: repaired %s; dropped %s "
+                "(rebuilt from their sources on next use)",
+                self.server.description,
+                "; ".join(repaired) or "nothing",
+                ", ".join(dropped) or "none",
+            )
 
     def template(self, source: Template) -> str:
         """Make the template for ``source`` unless it exists; return its name (safe across
@@ -280,28 +389,30 @@ class DatabasePool:
         name = f"bc_{_HOST}_{os.getpid()}_{_LIFE}_{next(_COUNTER)}"
         limits = self.role_limits
         with self._admin() as conn:
-            conn.execute(f"CREATE ROLE {name} LOGIN IN ROLE {OWNER_ROLE}")
-            conn.execute(f"ALTER ROLE {name} SET temp_file_limit = '{limits.temp_file_limit}'")
-            conn.execute(f"ALTER ROLE {name} SET work_mem = '{limits.work_mem}'")
+            # A member of no role: nothing it inherits reaches a template or another role.
+            conn.execute(f"CREATE ROLE {name} LOGIN")
+            for setting in ("temp_file_limit", "work_mem", "client_connection_check_interval"):
+                value = getattr(limits, setting)
+                conn.execute(f"ALTER ROLE {name} SET {setting} = {_literal(value)}")
             try:
                 how = f" STRATEGY {self.strategy}" if self.strategy else ""
-                conn.execute(
-                    f"CREATE DATABASE {name} TEMPLATE {_quote(template)} OWNER {name}{how}"
-                )
+                # The administrator's database: its role cannot ALTER, COMMENT ON or mark it.
+                conn.execute(f"CREATE DATABASE {name} TEMPLATE {_quote(template)}{how}")
             except BaseException:
                 with contextlib.suppress(Exception):
                     conn.execute(f"DROP ROLE IF EXISTS {name}")
                 raise
             conn.execute(f"REVOKE ALL ON DATABASE {name} FROM PUBLIC")
-        if not template.startswith("bt_"):
-            self._adopt(name)
+            conn.execute(f"GRANT CONNECT, CREATE, TEMPORARY ON DATABASE {name} TO {name}")
+        self._adopt(name)
         return name
 
     def _adopt(self, name: str) -> None:
-        """Give a clone's role the clone's schemas, tables, views and sequences, for a template
-        made by someone else (e.g. ``{db_id}_template`` of the official images, owned by a
-        superuser): as the owner of a clone it made itself, the role may then query and change
-        them. Nothing outside the clone changes."""
+        """Give a clone's role the clone's schemas, tables, views and sequences (a template's
+        objects belong to ``birdenv_owner``, or, for a template made by someone else such as
+        ``{db_id}_template`` of the official images, to a superuser): as their owner the role may
+        query and change them. Revoke the advisory-lock functions there. Nothing outside the
+        clone changes."""
         with psycopg().connect(**self.server.connect_kwargs(name), autocommit=True) as db:
             db.execute(_ADOPT.replace("{role}", name))
 
@@ -310,8 +421,20 @@ class DatabasePool:
             with self._admin() as own:
                 self._drop(name, own)
             return
-        conn.execute(f"DROP DATABASE IF EXISTS {_quote(name)} WITH (FORCE)")
-        conn.execute(f"DROP ROLE IF EXISTS {_quote(name)}")
+        quoted = _quote(name)
+        try:
+            conn.execute(f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")
+        except psycopg().errors.WrongObjectType:  # marked a template (by an older version's role)
+            conn.execute(f"ALTER DATABASE {quoted} IS_TEMPLATE false")
+            conn.execute(f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")
+        try:
+            conn.execute(f"DROP ROLE IF EXISTS {quoted}")
+        except psycopg().errors.DependentObjectsStillExist:
+            # Granted privileges elsewhere, or owning something outside its clone (possible
+            # with an older version's roles): those go first.
+            conn.execute(f"REASSIGN OWNED BY {quoted} TO CURRENT_USER")
+            conn.execute(f"DROP OWNED BY {quoted}")
+            conn.execute(f"DROP ROLE IF EXISTS {quoted}")
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
         def run() -> None:
