@@ -56,6 +56,7 @@ from birdenv.postgres.server import (
     default_server,
     psycopg,
 )
+from birdenv.postgres.values import psycopg2_values
 
 log = logging.getLogger(__name__)
 
@@ -522,10 +523,13 @@ class DatabasePool:
 
     def connect(self, lease: Lease) -> Any:
         """A new connection to a leased clone, as its own role (not autocommit, as the official
-        evaluator's connections)."""
+        evaluator's connections), reading values as psycopg2 reads them
+        (:func:`birdenv.postgres.values.psycopg2_values`)."""
         try:
             return psycopg().connect(
-                **self.server.connect_kwargs(lease.name, user=lease.name), connect_timeout=10
+                **self.server.connect_kwargs(lease.name, user=lease.name),
+                connect_timeout=10,
+                context=psycopg2_values(),
             )
         except psycopg().OperationalError as exc:
             text = str(exc).strip()

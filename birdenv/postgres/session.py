@@ -6,8 +6,9 @@ that is not in autocommit mode, each statement is executed and then committed (s
 rows are fetched up to the row cap, and an error rolls back that statement alone. Before each
 statement the session sets ``statement_timeout`` again (an agent may change it). Results obey the
 same caps as SQLite sessions, by the same rule (:data:`birdenv.replicas.session.Limits`): rows
-are read from the server as they come, and a statement whose result passes a cap is cancelled
-once the kept rows are read, so a huge result never reaches this process whole.
+are read from the server as they come and those past a cap are dropped as they arrive, so a huge
+result never reaches this process whole; the statement itself runs to its end (or its timeout)
+and is committed, as there: a cap bounds what comes back, never what is done.
 
 Everything else the server enforces: the session's role owns its clone and nothing more
 (:mod:`birdenv.postgres.pool`).
@@ -23,6 +24,7 @@ from typing import Any
 from birdenv.errors import PreprocessError, SessionClosedError
 from birdenv.postgres.pool import DatabasePool, Lease
 from birdenv.postgres.server import PostgresServerError, psycopg
+from birdenv.postgres.values import raise_unreadable
 from birdenv.replicas.session import Limits, Result, fetch_capped
 
 __all__ = ["PgSession", "run_pg_statement"]
@@ -33,16 +35,25 @@ _STREAMED = ("select", "with", "values", "table")
 
 
 class _Rows:
-    """A row iterator with the ``fetchmany``/``fetchone`` face :func:`fetch_capped` reads."""
+    """A row iterator with the ``fetchmany``/``fetchone`` face :func:`fetch_capped` reads; it
+    keeps the row ``fetchone`` read last (psycopg2 reads one row past the cap)."""
 
     def __init__(self, rows: Iterator[tuple[Any, ...]]) -> None:
         self._rows = rows
+        self.peeked: list[tuple[Any, ...]] = []
 
     def fetchmany(self, size: int) -> list[tuple[Any, ...]]:
         return list(islice(self._rows, size))
 
     def fetchone(self) -> tuple[Any, ...] | None:
-        return next(self._rows, None)
+        row = next(self._rows, None)
+        self.peeked = [] if row is None else [row]
+        return row
+
+    def drain(self) -> None:
+        """Read the rest, keeping nothing."""
+        for _ in self._rows:
+            pass
 
 
 def _single(sql: str) -> bool:
@@ -60,34 +71,45 @@ def run_pg_statement(
 ) -> tuple[list[tuple[Any, ...]] | None, list[str], bool]:
     """Run one statement the official way (see the module's docstring) and return ``(rows,
     columns, truncated)``; ``rows`` is None for a statement that returns none. Errors (the
-    server's, timeouts as ``QueryCanceled``) are raised after the statement is rolled back."""
+    server's, timeouts as ``QueryCanceled``) are raised after the statement is rolled back.
+
+    As psycopg2 in the official evaluator: a string with no statement (empty, blank or only
+    comments) is an error, ``can't execute an empty query``; a statement whose result passes the
+    caps runs to its end and is committed (the caps bound what comes back, never what the
+    statement does: an ``UPDATE ... RETURNING`` in a ``WITH`` updates every row); values are
+    read as psycopg2 reads them (:mod:`birdenv.postgres.values`), and a value psycopg2 cannot
+    read among the rows it would fetch raises once the statement is committed."""
     cursor = conn.cursor()
     try:
         millis = 0 if timeout is None else max(1, int(timeout * 1000))
         cursor.execute(f"SET statement_timeout = {millis}")
         if sql.lstrip()[:6].lower().startswith(_STREAMED) and _single(sql):
-            stream = cursor.stream(sql)
+            stream = _Rows(iter(cursor.stream(sql)))
             try:
-                rows, truncated = fetch_capped(_Rows(iter(stream)), max_rows, max_result_bytes)
+                rows, truncated = fetch_capped(stream, max_rows, max_result_bytes)
+                if truncated:
+                    stream.drain()  # the statement runs to its end, as when nothing is cut
             except psycopg().ProgrammingError as exc:
                 if "didn't produce a result" not in str(exc):
                     raise
                 rows, truncated = None, False  # e.g. WITH ... INSERT without RETURNING
             columns = [c.name for c in cursor.description or ()]
-            if truncated:
-                stream.close()  # cancels the statement, which is then rolled back
-                conn.rollback()
-            else:
-                conn.commit()
+            conn.commit()
+            raise_unreadable((rows or []) + stream.peeked)
             return rows, columns, truncated
         cursor.execute(sql)
+        result = cursor.pgresult  # what the server answers to a string with no statement in it:
+        if result is not None and result.status == psycopg().pq.ExecStatus.EMPTY_QUERY:
+            raise psycopg().ProgrammingError("can't execute an empty query")
         while cursor.nextset():  # several statements: the last one's result, as psycopg2 gives
             pass
         conn.commit()
         if cursor.description is None:
             return None, [], False
         columns = [c.name for c in cursor.description]
-        rows, truncated = fetch_capped(cursor, max_rows, max_result_bytes)
+        fetched = _Rows(iter(cursor))
+        rows, truncated = fetch_capped(fetched, max_rows, max_result_bytes)
+        raise_unreadable(rows + fetched.peeked)
         return rows, columns, truncated
     except BaseException:
         if not conn.closed:
