@@ -173,3 +173,20 @@ def test_the_judge_keeps_the_writes_of_a_with_that_returns_more_than_it_keeps(
         "SELECT count(*) FROM marks WHERE seen",
     ]
     assert _verdict(databases, task, ["SELECT 10001::bigint"], pred) == "success"
+
+
+# -- drops keep pace with leases -------------------------------------------------------------------
+def test_released_clones_waiting_for_their_drop_stay_within_the_backlog(pg_shop: str) -> None:
+    with DatabasePool(ready=0, workers=1, backlog=2) as pool:
+        leases = [pool.lease(pg_shop) for _ in range(10)]
+        names = [lease.name for lease in leases]
+        for lease in leases:  # as fast as a caller can: drops of 10 clones cannot keep up
+            pool.release(lease)
+            assert pool.stats()["dropping"] <= 2
+        with pool.server.admin() as admin:
+            left = admin.execute(
+                "SELECT count(*) FROM pg_database WHERE datname = ANY(%s)", (names,)
+            ).fetchone()[0]
+        assert left <= 2
+        pool.drain()
+        assert pool.stats()["dropping"] == 0

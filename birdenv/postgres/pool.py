@@ -12,7 +12,9 @@ rebuilt from its source on next use, and one line of the log says what was done.
 
 :class:`DatabasePool` keeps ``ready`` clones of each template it has served (``CREATE DATABASE ...
 TEMPLATE``), refilled by a background thread, so that :meth:`DatabasePool.lease` hands out a ready
-database in about a millisecond; :meth:`DatabasePool.release` drops it in the background. Each
+database in about a millisecond; :meth:`DatabasePool.release` drops it in the background while
+fewer than ``backlog`` released clones wait for their drop, else at once: drops keep pace with
+leases, so the disk the clones take and the work left when the pool closes stay bounded. Each
 clone has its own login role, of the same name, which owns what lives inside the clone (its
 schemas, tables, views and sequences, given to it when the clone is made) and nothing else. It is
 a member of no role, and the clone database itself is the administrator's: the role has
@@ -192,7 +194,8 @@ class DatabasePool:
     :func:`~birdenv.postgres.server.default_server`, or ``dsn=``); ``ready``: clones kept ready
     per template; ``workers``: background threads cloning and dropping; ``role_limits``: the
     clones' roles' settings; ``strategy``: ``CREATE DATABASE``'s (default ``FILE_COPY`` on the
-    private cluster, the server's own default elsewhere).
+    private cluster, the server's own default elsewhere); ``backlog``: the most released clones
+    left to background drops (a release past it drops its clone in the caller's thread).
     """
 
     def __init__(
@@ -204,9 +207,12 @@ class DatabasePool:
         workers: int = 2,
         role_limits: RoleLimits | None = None,
         strategy: str | None = None,
+        backlog: int = 4,
     ) -> None:
         if ready < 0:
             raise ValueError("ready must be 0 or more")
+        if backlog < 0:
+            raise ValueError("backlog must be 0 or more")
         if strategy not in (None, "FILE_COPY", "WAL_LOG"):
             raise ValueError("strategy must be None, 'FILE_COPY' or 'WAL_LOG'")
         self.server = server or default_server(dsn)
@@ -216,11 +222,13 @@ class DatabasePool:
             strategy = "FILE_COPY"
         self.strategy = strategy
         self.ready = ready
+        self.backlog = backlog
         self.role_limits = role_limits or RoleLimits()
         self._lock = threading.Lock()
         self._ready: dict[str, collections.deque[str]] = collections.defaultdict(collections.deque)
         self._pending: dict[str, int] = collections.defaultdict(int)
         self._made: set[str] = set()
+        self._dropping = 0  # released clones left to the background, not dropped yet
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="birdenv-pg")
         self._futures: set[Future[Any]] = set()
         self._closed = False
@@ -437,15 +445,16 @@ class DatabasePool:
             conn.execute(f"DROP OWNED BY {quoted}")
             conn.execute(f"DROP ROLE IF EXISTS {quoted}")
 
-    def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        def run() -> None:
-            try:
-                fn(*args)
-            except BaseException as exc:  # kept, and raised by a later lease (never lost)
-                with self._lock:
-                    self._errors.append(exc)
+    def _recorded(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)``; its failure is kept, and raised by a later lease (never lost)."""
+        try:
+            fn(*args)
+        except BaseException as exc:
+            with self._lock:
+                self._errors.append(exc)
 
-        future = self._executor.submit(run)
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        future = self._executor.submit(self._recorded, fn, *args)
         with self._lock:
             self._futures.add(future)
         future.add_done_callback(self._futures.discard)
@@ -460,6 +469,10 @@ class DatabasePool:
             return fn(*args)
 
     def _refill(self, template: str) -> None:
+        with self._lock:
+            if self._closed:  # queued before the pool closed: nobody will lease it
+                self._pending[template] -= 1
+                return
         try:
             name = self._again(self._clone, template)
         except Exception:
@@ -513,13 +526,27 @@ class DatabasePool:
         return Lease(name, template)
 
     def release(self, lease: Lease) -> None:
-        """Drop a leased clone, in the background (its connections are ended first)."""
+        """Drop a leased clone (its connections are ended first): in the background while fewer
+        than ``backlog`` released clones wait for theirs, else now. Without the bound, leases
+        made faster than the server drops would pile clones up on the disk, and the process
+        would wait for every one of them at exit."""
         with self._lock:
             closed = self._closed
+            later = not closed and self._dropping < self.backlog
+            self._dropping += later
         if closed:
             self._drop(lease.name)
+        elif later:
+            self._submit(self._drop_released, lease.name)
         else:
-            self._submit(self._again, self._drop, lease.name)
+            self._recorded(self._again, self._drop, lease.name)
+
+    def _drop_released(self, name: str) -> None:
+        try:
+            self._again(self._drop, name)
+        finally:
+            with self._lock:
+                self._dropping -= 1
 
     def connect(self, lease: Lease) -> Any:
         """A new connection to a leased clone, as its own role (not autocommit, as the official
@@ -555,11 +582,12 @@ class DatabasePool:
                 future.result()
 
     def stats(self) -> dict[str, int]:
-        """Clones ready and being made, over all templates."""
+        """Clones ready, being made, and released but not dropped yet, over all templates."""
         with self._lock:
             return {
                 "ready": sum(map(len, self._ready.values())),
                 "pending": sum(self._pending.values()),
+                "dropping": self._dropping,
             }
 
     def close(self) -> None:
