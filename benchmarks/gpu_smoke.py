@@ -142,7 +142,7 @@ def stage3(model: str, out: str, *overrides: str) -> dict[str, Any]:
 
     from birdenv.tasks import load_tasks
     from birdtrain.stages import grpo
-    from birdtrain.stages.common import train
+    from birdtrain.stages.training import train
 
     cfg = _config(model, out, "stage3.learning_rate=0.05", *overrides)
     trainer = grpo.build_trainer(
@@ -193,7 +193,7 @@ def stage3_full(model: str, out: str, *overrides: str) -> dict[str, Any]:
     computes exactly what it computes from a checkpoint of the trained weights."""
     from birdenv.tasks import load_tasks
     from birdtrain.stages import grpo
-    from birdtrain.stages.common import train
+    from birdtrain.stages.training import train
 
     cfg = _config(
         model,

@@ -54,7 +54,7 @@ def test_sft_step_time(benchmark, example: tuple, lora: bool, dtype: str) -> Non
 
     from birdtrain.config import ModelConfig
     from birdtrain.models import lora_config
-    from birdtrain.stages.common import cpu_bf16_supported
+    from birdtrain.stages.precision import cpu_bf16_supported
 
     if dtype == "bfloat16" and not cpu_bf16_supported():
         pytest.skip("this CPU has no native bfloat16 instructions")

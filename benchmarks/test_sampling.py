@@ -56,7 +56,7 @@ def prompts() -> tuple:
 def test_sampling_time(benchmark, prompts: tuple, dtype: str) -> None:
     from birdtrain.models import load_policy
     from birdtrain.policies import TransformersPolicy
-    from birdtrain.stages.common import cpu_bf16_supported
+    from birdtrain.stages.precision import cpu_bf16_supported
 
     if dtype == "bfloat16" and not cpu_bf16_supported():
         pytest.skip("this CPU has no native bfloat16 instructions")
@@ -83,7 +83,7 @@ def test_decode_width(benchmark, prompts: tuple) -> None:
 
     from birdtrain.models import load_policy
     from birdtrain.policies import TransformersPolicy
-    from birdtrain.stages.common import cpu_bf16_supported
+    from birdtrain.stages.precision import cpu_bf16_supported
 
     if not cpu_bf16_supported():
         pytest.skip("this CPU has no native bfloat16 instructions")

@@ -8,7 +8,7 @@ reference model, activations of one micro-batch, vLLM's share and the KV-cache t
 
 The estimate is arithmetic, not a measurement (GB = 10⁹ bytes):
 
-- weights: the model in :attr:`~birdtrain.stages.common.Precision.weights` (float32 master weights for
+- weights: the model in :attr:`~birdtrain.stages.precision.Precision.weights` (float32 master weights for
   full fine-tuning, plus autocast's half copies during the forward; a LoRA base in the compute
   dtype, plus float32 adapters); gradients and AdamW's two moments in the trainable weights' dtype;
   the reference model (``beta > 0`` without LoRA) in the compute dtype;
@@ -40,12 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from birdtrain.config import STAGES, CurriculumConfig, ModelConfig
-from birdtrain.stages.common import (
-    Precision,
-    checkpointing_keyword,
-    dtype_bytes,
-    training_precision,
-)
+from birdtrain.stages.arguments import checkpointing_keyword
+from birdtrain.stages.precision import Precision, dtype_bytes, training_precision
 
 __all__ = [
     "KNOWN_MODELS",

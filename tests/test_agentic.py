@@ -379,7 +379,7 @@ def test_a_resumed_stage4_stores_each_step_once(
     from transformers import TrainerCallback
 
     from birdtrain.stages import agentic
-    from birdtrain.stages.common import train
+    from birdtrain.stages.training import train
     from birdtrain.trajectory_store import TrajectoryStore
 
     tasks = [t for t in shop_tasks if t.instance_id in ("shop_1", "shop_3")]
@@ -583,7 +583,7 @@ def test_stage4_format_reward_weight_is_not_negative() -> None:
 def test_stage4_refuses_fewer_tasks_than_one_step(shop_tasks: list, tiny: Path, tmp_path: Path):
     """TRL drops an incomplete batch: 1 task with tasks_per_step=2 would train zero steps."""
     from birdtrain.stages import agentic
-    from birdtrain.stages.common import StageError
+    from birdtrain.stages.training import StageError
 
     cfg = _stage4_config(vector="sync", tasks_per_step=2)
     with pytest.raises(StageError, match=r"stage4.tasks_per_step=2"):

@@ -19,7 +19,8 @@ from birdenv.errors import GPUSetupError
 from birdtrain.cli import main
 from birdtrain.config import load_config
 from birdtrain.plan import GB, KNOWN_MODELS, ModelShape, model_shape, plan, training_memory
-from birdtrain.stages.common import checkpointing_keyword, training_precision
+from birdtrain.stages.arguments import checkpointing_keyword
+from birdtrain.stages.precision import training_precision
 
 QWEN_7B = "Qwen/Qwen2.5-Coder-7B-Instruct"
 
@@ -344,7 +345,7 @@ def test_no_stage_trains_in_pure_half_precision(
     import torch
 
     from birdtrain.stages import grpo
-    from birdtrain.stages.common import load_for_training
+    from birdtrain.stages.loading import load_for_training
 
     cfg = load_config(
         "smoke", overrides=[f"model.dtype={dtype}", f"model.lora={str(lora).lower()}"]
@@ -368,7 +369,7 @@ def test_auto_is_float16_on_a_gpu_without_bfloat16() -> None:
 def test_several_gpus_are_refused_with_the_fix(one_gpu: Any, tiny: str) -> None:
     import torch
 
-    from birdtrain.stages.common import load_for_training
+    from birdtrain.stages.loading import load_for_training
 
     one_gpu.setattr(torch.cuda, "device_count", lambda: 2)
     cfg = load_config("smoke")
@@ -401,7 +402,7 @@ def test_a_stage_warns_when_the_importance_sampling_mask_drops_rollouts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Records as TRL logs them with vLLM generating: a ratio minimum of 0 is a masked rollout."""
-    from birdtrain.stages.common import IS_RATIO_MIN, masked_steps
+    from birdtrain.stages.outputs import IS_RATIO_MIN, masked_steps
 
     cfg = load_config("paper-7b", overrides=["stage3.vllm_importance_sampling_mode=sequence_mask"])
     records = [
@@ -521,13 +522,13 @@ def test_an_error_that_does_not_pickle_still_arrives_as_text(tmp_path: Path) -> 
     """MissingExtraError's constructor takes other arguments than its message: unpickling it
     would fail, so its text crosses the process boundary instead."""
     from birdenv.errors import MissingExtraError
-    from birdtrain.curriculum.run import _isolated
+    from birdtrain.curriculum.isolation import isolated
 
     cfg = load_config("smoke", overrides=["isolate=true"])
     with pytest.raises(
         RuntimeError, match=r"MissingExtraError: vllm is not installed.*bird-rl\[vllm\]"
     ):
-        _isolated(cfg, tmp_path, "probe", _raise_missing_extra)
+        isolated(cfg, tmp_path, "probe", _raise_missing_extra)
     with pytest.raises(TypeError):  # what the runner would have raised instead
         pickle.loads(pickle.dumps(MissingExtraError("vllm", "vllm")))
 

@@ -501,7 +501,7 @@ def test_an_interrupted_stage_resumes_from_its_last_checkpoint(
     from transformers import AutoModelForCausalLM, TrainerCallback
 
     from birdtrain.stages import sft
-    from birdtrain.stages.common import train
+    from birdtrain.stages.training import train
 
     examples = _gold_answers(shop[:6])
     cfg = _cfg(**{"stage1.max_steps": 3, "stage1.save_steps": 1, "stage1.learning_rate": 1e-3})
@@ -550,7 +550,8 @@ def test_bfloat16_on_a_cpu_trains_and_samples_under_autocast(
     import torch
 
     from birdtrain.stages import sft
-    from birdtrain.stages.common import cpu_bf16_supported, stage_actor, training_precision
+    from birdtrain.stages.precision import cpu_bf16_supported, training_precision
+    from birdtrain.stages.training import stage_actor
 
     assert training_precision("bfloat16", lora=False, cuda=False, bf16_supported=False) == (
         training_precision("float32", lora=False, cuda=False)

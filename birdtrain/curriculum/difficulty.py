@@ -45,7 +45,7 @@ def estimate_pass_rates(
     """
     from birdtrain.config import EvaluationConfig
     from birdtrain.evaluate import evaluate_policy, read_verdicts
-    from birdtrain.stages.common import sampling_dtype
+    from birdtrain.stages.precision import sampling_dtype
 
     s = getattr(cfg, stage)
     mode = "single" if stage == "stage3" else "agent"

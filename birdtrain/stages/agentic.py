@@ -41,16 +41,12 @@ from birdenv.tasks import Task, load_tasks
 from birdtrain import rollout
 from birdtrain.config import AgenticConfig, CurriculumConfig
 from birdtrain.sampling import Group
-from birdtrain.stages.common import (
-    Precision,
-    check_batches,
-    finish_stage,
-    grpo_arguments,
-    load_for_training,
-    silence_trl_experimental,
-    train,
-)
+from birdtrain.stages.arguments import grpo_arguments
 from birdtrain.stages.grpo_step import Generate, StepColumns, rollout_function
+from birdtrain.stages.loading import load_for_training
+from birdtrain.stages.outputs import finish_stage
+from birdtrain.stages.precision import Precision
+from birdtrain.stages.training import check_batches, silence_trl_experimental, train
 from birdtrain.trajectory_store import TrajectoryStore, episode_rows
 
 __all__ = [

@@ -30,14 +30,12 @@ from typing import Any
 
 from birdtrain.config import CurriculumConfig, GRPOStageConfig
 from birdtrain.sampling import Group
-from birdtrain.stages.common import (
-    Precision,
-    finish_stage,
-    grpo_arguments,
-    load_for_training,
-    train,
-)
+from birdtrain.stages.arguments import grpo_arguments
 from birdtrain.stages.grpo_step import Generate, StepColumns, rollout_function
+from birdtrain.stages.loading import load_for_training
+from birdtrain.stages.outputs import finish_stage
+from birdtrain.stages.precision import Precision
+from birdtrain.stages.training import train
 
 __all__ = [
     "build_dataset",
@@ -224,8 +222,8 @@ def build_trainer(
     """The configured ``GRPOTrainer`` (what :func:`run` trains)."""
     from trl import GRPOConfig
 
-    from birdtrain.stages.common import check_batches, silence_trl_experimental
     from birdtrain.stages.shared_prompt import grpo_trainer_class
+    from birdtrain.stages.training import check_batches, silence_trl_experimental
 
     silence_trl_experimental()
     s = cfg.stage3

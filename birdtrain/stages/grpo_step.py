@@ -4,8 +4,8 @@ TRL 1.16's ``rollout_func(prompts, trainer)`` hook hands a stage the step's prom
 repeated ``num_generations`` times in a row) and takes back the step's token columns. Both GRPO
 stages answer it the same way, and only what they sample and what columns they hand back differ:
 
-1. the step's distinct tasks and group size (:func:`~birdtrain.stages.common.prompt_groups`), and
-   the actor that samples (:func:`~birdtrain.stages.common.stage_actor`);
+1. the step's distinct tasks and group size (:func:`~birdtrain.stages.training.prompt_groups`), and
+   the actor that samples (:func:`~birdtrain.stages.training.stage_actor`);
 2. the stage samples a group per task, and groups whose rewards are all equal are replaced by
    groups of other tasks (:func:`birdtrain.sampling.dynamic_sample`);
 3. the step's draw is recorded (:func:`birdtrain.sampling.record_groups`);
@@ -22,7 +22,7 @@ from typing import Any
 
 from birdtrain.config import GRPOSettings
 from birdtrain.sampling import Group, dynamic_sample, record_groups
-from birdtrain.stages.common import prompt_groups, stage_actor
+from birdtrain.stages.training import prompt_groups, stage_actor
 
 __all__ = ["Generate", "StepColumns", "rollout_function"]
 

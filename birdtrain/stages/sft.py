@@ -30,14 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from birdtrain.config import CurriculumConfig
-from birdtrain.stages.common import (
-    Precision,
-    common_arguments,
-    finish_stage,
-    load_for_training,
-    train,
-    trainer_device_args,
-)
+from birdtrain.stages.arguments import common_arguments, trainer_device_args
+from birdtrain.stages.loading import load_for_training
+from birdtrain.stages.outputs import finish_stage
+from birdtrain.stages.precision import Precision
+from birdtrain.stages.training import train
 
 __all__ = [
     "build_dataset",

@@ -1,0 +1,114 @@
+"""Driving a stage's trainer: the batches it can train, the actor it samples with, its resumed run."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "StageError",
+    "check_batches",
+    "prompt_groups",
+    "silence_trl_experimental",
+    "stage_actor",
+    "train",
+]
+
+
+class StageError(ValueError):
+    """A stage cannot train as configured (the message names the setting to change)."""
+
+
+def check_batches(stage: str, rows: int, per_step: int, key: str) -> None:
+    """Refuse a data set smaller than one step's batch.
+
+    TRL's GRPO sampler drops an incomplete batch, so 3 tasks with 4 per step would train zero
+    steps and still "finish".
+    """
+    if rows < per_step:
+        raise StageError(
+            f"{stage}: {rows} training task(s) left but {stage}.{key}={per_step}; one optimizer "
+            f"step needs {per_step}: lower {stage}.{key} to at most {rows}, or train on more tasks"
+        )
+
+
+def prompt_groups(prompts: list[Any]) -> tuple[list[str], int]:
+    """The distinct tasks of a GRPO generation batch, and the group size.
+
+    A GRPO stage's dataset row names its task as the (conversational) prompt's content; TRL 1.16
+    hands ``rollout_func`` each prompt repeated ``num_generations`` times in a row.
+    """
+    ids = [p[-1]["content"] if isinstance(p, list) else str(p) for p in prompts]
+    unique = list(dict.fromkeys(ids))
+    group = len(ids) // len(unique)
+    if [t for t in unique for _ in range(group)] != ids:
+        raise RuntimeError(f"expected each prompt repeated {group} times in a row, got {ids}")
+    return unique, group
+
+
+def stage_actor(trainer: Any, policy: Any = None) -> Any:
+    """The sampler of a GRPO stage's rollouts: ``policy(trainer)`` when given (scripted actors,
+    tests), else the trainer's vLLM engine (a GRPO trainer's ``args.use_vllm``) or the trained
+    model."""
+    from birdtrain import policies
+
+    if policy is not None:
+        return policy(trainer)
+    if getattr(trainer.args, "use_vllm", False):  # an SFT trainer has no vLLM
+        return policies.VLLMPolicy(trainer)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    # Sampled under the autocast the trainer scores under, so a rollout's logprobs are the ones
+    # the loss treats as on-policy.
+    dtype = "bfloat16" if trainer.args.bf16 else "float16" if trainer.args.fp16 else "float32"
+    return policies.TransformersPolicy(model, trainer.processing_class, dtype=dtype)
+
+
+def train(trainer: Any) -> None:
+    """``trainer.train()``, resumed from the newest intermediate checkpoint in the trainer's
+    output folder when an earlier, interrupted run left one, and quiet unless transformers logs
+    more than errors (``birdtrain -v``): no progress bar and no printed line per logging step (the
+    steps' metrics still reach ``metrics.jsonl``).
+
+    The model, optimizer, schedule, RNG states, step count and log history come back; the data
+    loader skips the batches already trained on. A stage's own sampling state (dynamic
+    sampling's replacement draws) starts afresh.
+    """
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from birdtrain.stages import weight_sync
+
+    weight_sync.install(trainer)  # LoRA merged out of place for vLLM: the base stays untouched
+    out = Path(trainer.args.output_dir)
+    last = get_last_checkpoint(str(out)) if out.is_dir() else None
+    if last is not None:
+        print(f"resuming from {last}")
+    _quiet_steps(trainer)
+    with warnings.catch_warnings():
+        # TRL 1.16's GRPO wraps each generation in its disable_gradient_checkpointing, which calls
+        # transformers' old gradient_checkpointing_* names (deprecated from 5.24) whether or not
+        # checkpointing is on; the stages themselves use the installed release's name
+        # (checkpointing_keyword).
+        warnings.filterwarnings(
+            "ignore",
+            message=r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated",
+            category=FutureWarning,
+        )
+        trainer.train(resume_from_checkpoint=last)
+
+
+def _quiet_steps(trainer: Any) -> None:
+    """Drop the trainer's progress bar and its printed line per logging step when transformers logs
+    errors only (``birdtrain`` without ``-v``)."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from transformers.utils import logging
+
+    if logging.get_verbosity() > logging.WARNING:
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
+
+
+def silence_trl_experimental() -> None:
+    """TRL warns on every import of its experimental parts; we use them on purpose."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
