@@ -363,79 +363,30 @@ def write_report(run_dir: str | Path) -> Path:
 
 
 def _write_report(run_dir: Path, out: Path) -> Path:
-    metrics = {stage: _metrics(run_dir, stage) for stage in STAGES}
-    groups = {
-        stage: read_groups(run_dir / stage / "groups.jsonl") if metrics[stage] else []
-        for stage in RL_STAGES
-    }
+    """The page, section by section: the evaluations, the training, the trajectories."""
     store = TrajectoryStore(run_dir)
-    figures: dict[str, Path | None] = {}
+    config = run_dir / "config.json"
+    commit = json.loads(config.read_text()).get("git_commit") if config.is_file() else None
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>bird-rl report: {
+        html.escape(run_dir.name)
+    }</title>
+<style>{_CSS}</style></head><body>
+<h1>bird-rl run <code>{html.escape(run_dir.name)}</code></h1>
+<p class="muted">{html.escape(str(run_dir.resolve()))}{
+        f" · commit {html.escape(commit[:10])}" if commit else ""
+    }</p>
+{_evaluations_section(run_dir, out)}
+{_training_section(run_dir, out)}
+{_trajectories_section(store, out)}
+</body></html>"""
+    report = out / "report.html"
+    report.write_text(page, encoding="utf-8")
+    return report
 
-    figures["loss"] = _lines(
-        out / "loss.png",
-        "training loss per stage",
-        [(s, *_series(metrics[s], "loss")) for s in STAGES],
-    )
-    figures["lr"] = _lines(
-        out / "learning_rate.png",
-        "learning rate per stage",
-        [(s, *_series(metrics[s], "learning_rate")) for s in STAGES],
-    )
-    figures["reward"] = _lines(
-        out / "reward.png",
-        "reward per step (stages 3-4)",
-        [(f"{s} reward", *_series(metrics[s], "reward_mean", "reward")) for s in RL_STAGES],
-        smooth=True,
-    )
-    figures["pass_rate"] = _lines(
-        out / "pass_rate.png",
-        "pass rate per step (stages 3-4)",
-        [(f"{s} pass rate", *_series(metrics[s], "pass_rate")) for s in RL_STAGES],
-        smooth=True,
-    )
-    figures["zero_std"] = _lines(
-        out / "zero_std.png",
-        "groups with zero reward variance (no advantage), per step",
-        [
-            (f"{s} {when}", *_series(metrics[s], key))
-            for s in RL_STAGES
-            for when, key in (
-                ("sampled", "sampling/frac_reward_zero_std_before"),
-                ("trained on", "frac_reward_zero_std"),
-            )
-        ],
-    )
-    per_episode = store.query(
-        "SELECT episode, count(*) AS turns, count(tool) AS calls, count(*) - count(tool) AS invalid "
-        "FROM trajectories WHERE mode IS DISTINCT FROM 'single' GROUP BY episode"
-    )
 
-    def tools_plot(ax) -> bool:
-        if not per_episode:
-            return False
-        calls = [r[2] for r in per_episode]
-        invalid = [r[3] / r[1] for r in per_episode]
-        ax.hist([calls, invalid], bins=10, label=["tool calls per trajectory", "invalid-call rate"])
-        ax.legend(fontsize=8)
-        return True
-
-    def turns_plot(ax) -> bool:
-        if not per_episode:
-            return False
-        ax.hist(
-            [r[1] for r in per_episode],
-            bins=range(1, max(r[1] for r in per_episode) + 2),
-            align="left",
-        )
-        ax.set_xlabel("assistant turns")
-        return True
-
-    figures["tools"] = _figure(
-        out / "tool_calls.png", "tool calls and invalid calls per trajectory", tools_plot
-    )
-    figures["turns"] = _figure(out / "turns.png", "turns per episode", turns_plot)
+def _evaluations_section(run_dir: Path, out: Path) -> str:
+    """Each evaluation's rates side by side, by category, with intervals, and their changes."""
     summaries = _eval_summaries(run_dir)
-
     categories = sorted({c for s in summaries.values() for c in s.get("by_category", {})})
     rates = {
         label: [
@@ -458,32 +409,14 @@ def _write_report(run_dir: Path, out: Path) -> Path:
         return True
 
     title = "SR by category, EX by difficulty"
-    figures["categories"] = _zeros_in_words(
+    by_category = _zeros_in_words(
         title, [v for values in rates.values() for v in values], list(rates), "bars"
     ) or _figure(out / "success_by_category.png", title, category_plot)
-    slowest = store.query(
-        "SELECT round(env_seconds, 3), task_id, sql FROM trajectories "
-        "WHERE tool = 'execute_sql' AND env_seconds IS NOT NULL ORDER BY env_seconds DESC LIMIT 10"
-    )
-    errors = store.query(
-        "SELECT error, count(*) AS n FROM trajectories WHERE error IS NOT NULL "
-        "AND observation LIKE 'status: error%' AND tool IS NOT NULL GROUP BY error ORDER BY n DESC LIMIT 10"
-    )
-    config = run_dir / "config.json"
-    commit = json.loads(config.read_text()).get("git_commit") if config.is_file() else None
     sr_rows = metrics_side_by_side(summaries)
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>bird-rl report: {
-        html.escape(run_dir.name)
-    }</title>
-<style>{_CSS}</style></head><body>
-<h1>bird-rl run <code>{html.escape(run_dir.name)}</code></h1>
-<p class="muted">{html.escape(str(run_dir.resolve()))}{
-        f" · commit {html.escape(commit[:10])}" if commit else ""
-    }</p>
-<h2>Success Rate (debugging) and execution accuracy (generation)</h2>{
+    return f"""<h2>Success Rate (debugging) and execution accuracy (generation)</h2>{
         _table(["evaluation", "SR %", "debugging tasks", "EX %", "BIRD questions"], sr_rows)
     }
-<div class="grid">{_img(figures["categories"])}</div>
+<div class="grid">{_img(by_category)}</div>
 <h2>Every evaluation, with 95 % intervals</h2>{
         _table(
             [
@@ -512,10 +445,54 @@ interval is a paired t interval over the tasks.</p>{
             ],
             evaluation_changes_table(run_dir, summaries),
         )
+    }"""
+
+
+def _training_section(run_dir: Path, out: Path) -> str:
+    """Each stage's loss and learning rate, the RL stages' reward, pass rate and zero-variance
+    groups per step, and whether their reward rose."""
+    metrics = {stage: _metrics(run_dir, stage) for stage in STAGES}
+    groups = {
+        stage: read_groups(run_dir / stage / "groups.jsonl") if metrics[stage] else []
+        for stage in RL_STAGES
     }
-<h2>Training</h2><div class="grid">{_img(figures["loss"])}{_img(figures["lr"])}{
-        _img(figures["reward"])
-    }{_img(figures["pass_rate"])}{_img(figures["zero_std"])}</div>
+    figures = [
+        _lines(
+            out / "loss.png",
+            "training loss per stage",
+            [(s, *_series(metrics[s], "loss")) for s in STAGES],
+        ),
+        _lines(
+            out / "learning_rate.png",
+            "learning rate per stage",
+            [(s, *_series(metrics[s], "learning_rate")) for s in STAGES],
+        ),
+        _lines(
+            out / "reward.png",
+            "reward per step (stages 3-4)",
+            [(f"{s} reward", *_series(metrics[s], "reward_mean", "reward")) for s in RL_STAGES],
+            smooth=True,
+        ),
+        _lines(
+            out / "pass_rate.png",
+            "pass rate per step (stages 3-4)",
+            [(f"{s} pass rate", *_series(metrics[s], "pass_rate")) for s in RL_STAGES],
+            smooth=True,
+        ),
+        _lines(
+            out / "zero_std.png",
+            "groups with zero reward variance (no advantage), per step",
+            [
+                (f"{s} {when}", *_series(metrics[s], key))
+                for s in RL_STAGES
+                for when, key in (
+                    ("sampled", "sampling/frac_reward_zero_std_before"),
+                    ("trained on", "frac_reward_zero_std"),
+                )
+            ],
+        ),
+    ]
+    return f"""<h2>Training</h2><div class="grid">{"".join(_img(f) for f in figures)}</div>
 <p>Reward of each step's own draw of tasks (before dynamic sampling drops groups), last third of
 the steps against the first; the interval is over task groups.</p>{
         _table(
@@ -537,11 +514,48 @@ the interval is over the groups' spread around their task's mean.</p>{
             ],
             reward_trend_within_tasks_table(groups),
         )
-    }
-<h2>Trajectories</h2><div class="grid">{_img(figures["tools"])}{_img(figures["turns"])}</div>
+    }"""
+
+
+def _trajectories_section(store: TrajectoryStore, out: Path) -> str:
+    """Tool calls and turns per episode, the slowest statements and the commonest errors."""
+    per_episode = store.query(
+        "SELECT episode, count(*) AS turns, count(tool) AS calls, count(*) - count(tool) AS invalid "
+        "FROM trajectories WHERE mode IS DISTINCT FROM 'single' GROUP BY episode"
+    )
+
+    def tools_plot(ax) -> bool:
+        if not per_episode:
+            return False
+        calls = [r[2] for r in per_episode]
+        invalid = [r[3] / r[1] for r in per_episode]
+        ax.hist([calls, invalid], bins=10, label=["tool calls per trajectory", "invalid-call rate"])
+        ax.legend(fontsize=8)
+        return True
+
+    def turns_plot(ax) -> bool:
+        if not per_episode:
+            return False
+        ax.hist(
+            [r[1] for r in per_episode],
+            bins=range(1, max(r[1] for r in per_episode) + 2),
+            align="left",
+        )
+        ax.set_xlabel("assistant turns")
+        return True
+
+    tools = _figure(
+        out / "tool_calls.png", "tool calls and invalid calls per trajectory", tools_plot
+    )
+    turns = _figure(out / "turns.png", "turns per episode", turns_plot)
+    slowest = store.query(
+        "SELECT round(env_seconds, 3), task_id, sql FROM trajectories "
+        "WHERE tool = 'execute_sql' AND env_seconds IS NOT NULL ORDER BY env_seconds DESC LIMIT 10"
+    )
+    errors = store.query(
+        "SELECT error, count(*) AS n FROM trajectories WHERE error IS NOT NULL "
+        "AND observation LIKE 'status: error%' AND tool IS NOT NULL GROUP BY error ORDER BY n DESC LIMIT 10"
+    )
+    return f"""<h2>Trajectories</h2><div class="grid">{_img(tools)}{_img(turns)}</div>
 <h2>Slowest SQL statements</h2>{_table(["seconds", "task", "sql"], [list(r) for r in slowest])}
-<h2>Most common SQLite errors</h2>{_table(["error", "count"], [list(r) for r in errors])}
-</body></html>"""
-    report = out / "report.html"
-    report.write_text(page, encoding="utf-8")
-    return report
+<h2>Most common SQLite errors</h2>{_table(["error", "count"], [list(r) for r in errors])}"""
