@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from birdenv.postgres import DatabasePool, PgSession, PrivateCluster, Template, find_bindir
+from birdenv.postgres import (
+    DatabasePool,
+    PgSession,
+    PrivateCluster,
+    RoleLimits,
+    Template,
+    find_bindir,
+)
 from birdenv.postgres.pool import OWNER_ROLE
 from birdenv.replicas.session import Limits
 
@@ -148,3 +155,171 @@ def test_a_new_pool_repairs_its_templates_and_says_so_in_one_line(
         assert not caplog.records  # nothing differed: nothing said
     finally:
         server.close()
+
+
+# -- time: a bound the session cannot lift ------------------------------------------------------
+SPIN = "DO $$BEGIN LOOP END LOOP; END$$"
+# Catches the cancel (and statement_timeout) and goes on: only terminating the backend ends it.
+STUBBORN = (
+    "DO $$BEGIN LOOP BEGIN PERFORM pg_sleep(10); "
+    "EXCEPTION WHEN query_canceled THEN NULL; END; END LOOP; END$$"
+)
+
+
+def test_a_session_cannot_lift_its_time_bound(pg_pool: DatabasePool, pg_shop: str) -> None:
+    with _session(pg_pool, pg_shop, statement_timeout=1) as s:
+        for sql in (
+            "SET statement_timeout = 0; SELECT pg_sleep(8)",
+            f"SET statement_timeout = 0; {SPIN}",
+            "SET LOCAL statement_timeout = 0; SELECT pg_sleep(8)",
+        ):
+            result = s.execute(sql)
+            assert result.timed_out and result.elapsed < 4, (sql, result)
+            assert s.execute("SELECT 1").rows == [(1,)]
+        assert s.execute("CREATE TABLE kept (n int)").ok
+        stubborn = s.execute(STUBBORN)
+        assert stubborn.timed_out and stubborn.elapsed < 8, stubborn
+        assert "its connection was ended" in stubborn.error
+        assert "a new one is open on the same database" in stubborn.error
+        assert s.execute("SELECT count(*) FROM kept").rows == [(0,)]
+
+
+def test_the_judge_cannot_lift_its_time_bound() -> None:
+    import time
+
+    from birdenv.judge.postgres import judge_pg
+    from birdenv.tasks import load_tasks
+
+    task = load_tasks("critic-mini-pg")[0]
+    judge_pg(task, ["SELECT 1"])  # its template made, outside the time measured
+    start = time.monotonic()
+    verdict = judge_pg(
+        task, ["SET statement_timeout = 0; SELECT pg_sleep(12)"], statement_timeout=1
+    )
+    assert verdict.phase == "timeout", verdict
+    assert time.monotonic() - start < 8
+
+
+def test_a_statement_whose_client_died_is_ended(pg_pool: DatabasePool, pg_shop: str) -> None:
+    """A process killed in the middle of an endless statement that lifted statement_timeout:
+    its backend notices the closed socket (client_connection_check_interval) and ends."""
+    import subprocess
+    import sys
+    import time
+
+    lease = pg_pool.lease(pg_shop)
+    try:
+        kwargs = pg_pool.server.connect_kwargs(lease.name, user=lease.name)
+        script = (
+            "import sys, psycopg\n"
+            f"conn = psycopg.connect(**{kwargs!r}, autocommit=True)\n"
+            "print(conn.info.backend_pid, flush=True)\n"
+            f"conn.execute('SET statement_timeout = 0; {SPIN}')\n"
+        )
+        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        assert child.stdout is not None
+        pid = int(child.stdout.readline())
+        time.sleep(0.5)
+        child.kill()
+        child.wait()
+        with pg_pool.server.admin() as admin:
+            for _ in range(100):
+                if not admin.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)
+                ).fetchone():
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"backend {pid} still runs 10 s after its client died")
+    finally:
+        pg_pool.release(lease)
+
+
+# -- locks, memory and results: per trajectory -------------------------------------------------
+def test_one_trajectory_cannot_fill_the_lock_table(pg_pool: DatabasePool, pg_shop: str) -> None:
+    with _session(pg_pool, pg_shop) as a, _session(pg_pool, pg_shop) as bystander:
+        for n, sql in enumerate(
+            (
+                "SELECT count(pg_advisory_lock(i)) FROM generate_series(1, 40000) i",
+                "SELECT count(pg_advisory_xact_lock(i)) FROM generate_series(1, 40000) i",
+                "SELECT count(pg_try_advisory_lock_shared(i)) FROM generate_series(1, 40000) i",
+            )
+        ):
+            assert "permission denied for function" in a.execute(sql).error
+            assert bystander.execute(f"INSERT INTO customers VALUES ({7 + n}, 'B', 'X', '2024')").ok
+            assert bystander.execute("CREATE TABLE IF NOT EXISTS b (n int)").ok
+            with pg_pool.server.admin() as admin:  # new connections are not refused
+                assert admin.execute("SELECT 1").fetchone() == (1,)
+    few = DatabasePool(pg_pool.server, ready=0, role_limits=RoleLimits(max_locks=100))
+    with few, _session(few, pg_shop) as s, _session(few, pg_shop) as bystander:
+        many = s.execute(
+            "CREATE TABLE p (n int) PARTITION BY LIST (n); DO $$BEGIN FOR i IN 1..3000 LOOP "
+            "EXECUTE format('CREATE TABLE p%s PARTITION OF p FOR VALUES IN (%s)', i, i); "
+            "END LOOP; END$$"
+        )
+        assert "held more than 100 locks" in many.error, many
+        assert s.execute("SELECT count(*) FROM orders").rows == [(4,)]
+        assert bystander.execute("SELECT count(*) FROM orders").rows == [(4,)]
+
+
+def test_one_backend_cannot_take_the_machine_s_memory(pg_pool: DatabasePool, pg_shop: str) -> None:
+    with _session(pg_pool, pg_shop, statement_timeout=30) as s, _session(pg_pool, pg_shop) as b:
+        # 1.5 GB of rows sorted in memory: past the default bound of 1 GiB per backend
+        hog = s.execute(
+            "SET work_mem = '100GB'; SELECT count(*) FROM (SELECT repeat('x', 1000000) || g "
+            "AS v FROM generate_series(1, 1500) g ORDER BY v) s"
+        )
+        assert hog.error is not None and "out of memory" in hog.error, hog
+        assert s.execute("SELECT count(*) FROM orders").rows == [(4,)]
+        assert b.execute("SELECT count(*) FROM orders").rows == [(4,)]
+
+
+def _peak_growth(run: Any) -> int:
+    """Bytes this process's resident memory peaked above where it was, while ``run()`` ran."""
+
+    def status(key: str) -> int:
+        line = next(
+            x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(key)
+        )
+        return int(line.split()[1]) << 10
+
+    Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from now
+    before = status("VmRSS:")
+    run()
+    return status("VmHWM:") - before
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "/**/ SELECT repeat('x', 10000) FROM generate_series(1, 15000)",
+        "(SELECT repeat('x', 10000) FROM generate_series(1, 15000))",
+        "SELECT 1; SELECT repeat('x', 10000) FROM generate_series(1, 15000)",
+        "CREATE TABLE w AS SELECT repeat('x', 10000) AS v FROM generate_series(1, 15000); "
+        "DELETE FROM w RETURNING v",
+    ],
+)
+def test_no_statement_shape_brings_its_whole_result_back(
+    pg_pool: DatabasePool, pg_shop: str, sql: str
+) -> None:
+    """150 MB of rows, in shapes that are not one plain SELECT: what reaches this process stays
+    near the caps, and the statement still runs to its end."""
+    with _session(pg_pool, pg_shop, statement_timeout=60) as s:
+        result: list[Any] = []
+        grown = _peak_growth(lambda: result.append(s.execute(sql)))
+        assert result[0].ok and result[0].truncated and len(result[0].rows) < 500, result[0]
+        assert grown < 60 << 20, f"{grown >> 20} MB"
+
+
+@pytest.mark.parametrize(
+    "sql",
+    ["COPY customers TO STDOUT", "COPY customers FROM STDIN", "SELECT 1; COPY orders TO STDOUT"],
+)
+def test_copy_through_the_client_is_a_clear_error_and_the_session_goes_on(
+    pg_pool: DatabasePool, pg_shop: str, sql: str
+) -> None:
+    with _session(pg_pool, pg_shop) as s:
+        refused = s.execute(sql)
+        assert "is not available here" in refused.error and "SELECT" in refused.error, refused
+        assert s.execute("SELECT count(*) FROM customers").rows == [(3,)]
+        assert s.execute("INSERT INTO customers VALUES (8, 'C', 'X', '2024')").ok

@@ -25,7 +25,8 @@ can be signalled by no other clone's role (PostgreSQL lets a role signal only it
 The server refuses ``COPY ... TO PROGRAM``, ``ALTER SYSTEM``, server-side ``lo_import``, untrusted
 languages, ``dblink``, ``CREATE DATABASE`` and ``SET ROLE`` to the administrator by itself. The
 advisory-lock functions are revoked in every clone (a lock taken by one would outlive its
-statement); :mod:`birdenv.postgres.watchdog` bounds each statement's time, locks and memory.
+statement); :mod:`birdenv.postgres.watchdog` bounds each statement's time and locks, the private
+cluster its memory (:class:`~birdenv.postgres.server.PrivateCluster`).
 
 Clones are named ``bc_{host}_{pid}_{life}_{n}`` (``life``: random per process); a pool drops, when
 it starts, the clones and roles left by a process of this host that is no longer alive (a crash),
@@ -59,6 +60,7 @@ from birdenv.postgres.server import (
     psycopg,
 )
 from birdenv.postgres.values import psycopg2_values
+from birdenv.postgres.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -103,21 +105,19 @@ class Template:
 class RoleLimits:
     """Bounds every clone's role gets. ``temp_file_limit`` is a superuser's setting, which the
     agent cannot raise; ``work_mem`` is the default (a session may change it for itself);
-    ``client_connection_check_interval`` ends a statement whose client went away.
+    ``client_connection_check_interval`` ends a statement whose client went away (a session
+    that sets it to 0 is ended by the next pool that starts: see the module's docstring).
 
     The others hold whatever a session sets (:mod:`birdenv.postgres.watchdog`): ``max_locks``
-    locks one backend may hold while a statement runs (checked every ``0.1`` s; past it the
-    statement is cancelled); ``max_backend_memory`` bytes of memory a backend may allocate beyond
-    what it had when it connected (an operating-system limit on the backend's address space, set
-    on the project's own cluster only: another server's backends are not this machine's to
-    limit; None: no bound); ``grace`` seconds a cancelled statement has to stop before its backend
-    is terminated."""
+    locks one backend may hold while a statement runs (checked every 0.1 s; past it the statement
+    is cancelled); ``grace`` seconds a cancelled statement has to stop before its backend is
+    terminated. Memory is bounded by the server
+    (:class:`~birdenv.postgres.server.PrivateCluster`'s ``max_backend_memory``)."""
 
     work_mem: str = "32MB"
     temp_file_limit: str = "1GB"
     client_connection_check_interval: str = "1s"
     max_locks: int = 2000
-    max_backend_memory: int | None = 1 << 30
     grace: float = 2.0
 
 
@@ -234,6 +234,10 @@ class DatabasePool:
         self._closed = False
         # Failures of background drops (a clone left behind), raised by the next lease.
         self._errors: list[BaseException] = []
+        #: Time and lock bounds on every statement of the connections :meth:`connect` opens.
+        self.watchdog = Watchdog(
+            self._admin, max_locks=self.role_limits.max_locks, grace=self.role_limits.grace
+        )
         self._setup()
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -551,13 +555,16 @@ class DatabasePool:
     def connect(self, lease: Lease) -> Any:
         """A new connection to a leased clone, as its own role (not autocommit, as the official
         evaluator's connections), reading values as psycopg2 reads them
-        (:func:`birdenv.postgres.values.psycopg2_values`)."""
+        (:func:`birdenv.postgres.values.psycopg2_values`), its statements guarded by
+        :attr:`watchdog`."""
         try:
-            return psycopg().connect(
+            conn = psycopg().connect(
                 **self.server.connect_kwargs(lease.name, user=lease.name),
                 connect_timeout=10,
                 context=psycopg2_values(),
             )
+            self.watchdog.register(conn)
+            return conn
         except psycopg().OperationalError as exc:
             text = str(exc).strip()
             if "too many clients" in text or "connection slots are reserved" in text:
@@ -599,6 +606,7 @@ class DatabasePool:
             self._closed = True
         self.drain()
         self._executor.shutdown(wait=True)
+        self.watchdog.close()
         with self._lock:
             names = [n for q in self._ready.values() for n in q]
             self._ready.clear()

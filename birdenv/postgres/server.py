@@ -30,6 +30,7 @@ import hashlib
 import os
 import pwd
 import re
+import resource
 import shutil
 import socket
 import stat
@@ -259,7 +260,12 @@ class PrivateCluster(Server):
     ``root``: where it lives (default: chosen as described above); ``bindir``: the binaries
     (default :func:`find_bindir`); ``listen``: ``""`` for the Unix socket alone, or
     ``"127.0.0.1"`` (default ``BIRDENV_PG_LISTEN``); ``max_connections``: the server's limit (a
-    connection past it is refused at once, with a :class:`PostgresServerError` that says so).
+    connection past it is refused at once, with a :class:`PostgresServerError` that says so);
+    ``max_backend_memory``: bytes each server process may allocate besides the shared memory and
+    its program (None: no bound). It is an operating-system limit on the address space that every
+    process of the server inherits from the postmaster, so no setting of a session lifts it: an
+    allocation past it fails with the server's "out of memory" error for that statement alone. It
+    takes effect when the cluster starts.
     """
 
     def __init__(
@@ -269,9 +275,11 @@ class PrivateCluster(Server):
         bindir: Path | None = None,
         listen: str | None = None,
         max_connections: int = 300,
+        max_backend_memory: int | None = 1 << 30,
     ) -> None:
         self.bindir = bindir or find_bindir()
         self.max_connections = max_connections
+        self.max_backend_memory = max_backend_memory
         self.user = _server_user()
         self.listen = listen if listen is not None else os.environ.get("BIRDENV_PG_LISTEN", "")
         if self.listen not in ("", "127.0.0.1"):
@@ -302,10 +310,15 @@ class PrivateCluster(Server):
         self._port: int | None = None
 
     # -- files and processes ------------------------------------------------------------------
-    def _run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def _run(
+        self, *args: str, timeout: float = 120, address_space: int | None = None
+    ) -> subprocess.CompletedProcess[str]:
         kwargs: dict[str, Any] = {}
         if self.user is not None:
             kwargs = {"user": self.user.pw_uid, "group": self.user.pw_gid, "extra_groups": []}
+        if address_space is not None:
+            limit = (address_space, address_space)
+            kwargs["preexec_fn"] = lambda: resource.setrlimit(resource.RLIMIT_AS, limit)
         return subprocess.run(
             [str(self.bindir / args[0]), *args[1:]],
             capture_output=True,
@@ -388,17 +401,23 @@ class PrivateCluster(Server):
             self._initdb()
         self._own(self.socket_dir, 0o700)
         self._port = 5432 if not self.listen else _free_port()
-        options = " ".join(
-            [
-                f"-p {self._port}",
-                f"-c listen_addresses='{self.listen}'",
-                f"-c unix_socket_directories='{self.socket_dir}'",
-                "-c unix_socket_permissions=0700",
-                # A scratch server: databases are rebuilt from their sources, never backed up.
-                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off",
-                f"-c max_connections={self.max_connections}",
-            ]
-        )
+        settings = {
+            "listen_addresses": f"'{self.listen}'",
+            "unix_socket_directories": f"'{self.socket_dir}'",
+            "unix_socket_permissions": "0700",
+            # A scratch server: databases are rebuilt from their sources, never backed up.
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "full_page_writes": "off",
+            "max_connections": str(self.max_connections),
+            # The lock table is shared by every session: room for a statement of each to hold
+            # the watchdog's cap of locks (birdenv.postgres.watchdog) before it is cancelled.
+            "max_locks_per_transaction": "256",
+        }
+        options = " ".join([f"-p {self._port}", *(f"-c {k}={v}" for k, v in settings.items())])
+        address_space = None
+        if self.max_backend_memory is not None:
+            address_space = self._shared_memory(settings) + self.max_backend_memory + (256 << 20)
         if self.log.exists() and self.user is not None:
             os.chown(self.log, self.user.pw_uid, self.user.pw_gid)
         elif self.user is not None:
@@ -417,6 +436,7 @@ class PrivateCluster(Server):
                 str(self.log),
                 "-o",
                 options,
+                address_space=address_space,
             )
             if done.returncode == 0:
                 return
@@ -428,6 +448,16 @@ class PrivateCluster(Server):
                 f"could not start {self.description}: {done.stderr.strip() or done.stdout.strip()} "
                 f"(log: {self.log})"
             )
+
+    def _shared_memory(self, settings: dict[str, str]) -> int:
+        """Bytes of shared memory the server maps with ``settings`` (it counts in every server
+        process's address space); asked of ``postgres -C`` while the server is stopped."""
+        args = [f"--{k.replace('_', '-')}={v.strip(chr(39))}" for k, v in settings.items()]
+        done = self._run("postgres", "-D", str(self.data), *args, "-C", "shared_memory_size")
+        try:
+            return int(done.stdout.strip()) << 20
+        except ValueError:
+            return 1 << 30  # an answer this version does not give: room for any usual size
 
     # -- lifetime -----------------------------------------------------------------------------
     def ensure_running(self) -> None:
