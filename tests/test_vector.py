@@ -244,3 +244,22 @@ def test_birdenv_imports_without_ray_and_says_how_to_get_it(
     monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without Ray sees
     with pytest.raises(MissingExtraError, match=r"pip install 'bird-rl\[ray\]'"):
         make_vec(2, backend="ray")
+
+
+@pytest.mark.parametrize("pending", [False, True], ids=["idle", "mid-step"])
+def test_close_after_the_workers_died_of_the_groups_sigterm(pending: bool) -> None:
+    """SIGTERM to the process group (timeout, Slurm, systemd) ends the async workers at once,
+    while the parent unwinds: its ``close()`` must end and join them all, not raise the broken
+    pipe of a dead worker in place of the parent's interrupt."""
+    import os
+    import signal
+
+    envs = make_vec(2, suite="critic-mini", seed=0)
+    envs.reset(seed=0)
+    if pending:  # the parent was waiting for a step when they died
+        envs.step_async(["ignored"] * 2)
+    processes = list(envs.processes)
+    os.kill(processes[0].pid, signal.SIGTERM)
+    processes[0].join()
+    envs.close()
+    assert all(p.exitcode is not None for p in processes)

@@ -242,12 +242,28 @@ def test_an_isolated_evaluation_stops_its_engine_process_and_the_run_goes_on(
         *("eval.max_new_tokens=8", "eval.enforce_eager=true"),
     ]
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    summary = tmp_path / "smoke" / "eval" / "before" / "summary.json"
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    # No guess at how long the evaluation takes on this machine: wait for it to be written (or
+    # the run to end), then bound what follows, the process's exit, by the time the work took.
+    started = time.monotonic()
+    while not summary.is_file() and proc.poll() is None:
+        time.sleep(0.5)
+    work = time.monotonic() - started
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=420)
+        proc.wait(timeout=max(120.0, 2 * work))
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the run did not end in {exc.timeout} s: {str(exc.stderr)[-2000:]}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "smoke" / "eval" / "before" / "summary.json").is_file()
+        proc.kill()
+        proc.wait()
+        pytest.fail(
+            f"the evaluation was written after {work:.0f} s, and the run had not ended "
+            f"{exc.timeout:.0f} s later (twice that, at least 120 s): its process waits for the "
+            f"engine's. {log.read_text()[-2000:]}"
+        )
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    assert summary.is_file()
     (record,) = [
         json.loads(line)
         for line in (tmp_path / "smoke" / "processes.jsonl").read_text().splitlines()

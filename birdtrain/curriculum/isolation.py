@@ -15,7 +15,7 @@ from typing import Any
 from birdenv.errors import ProcessDiedError
 from birdenv.interrupts import INTERRUPTS, interrupts_held
 from birdtrain.config import CurriculumConfig
-from birdtrain.rundir import raise_on_sigterm
+from birdtrain.rundir import interrupt_behind, raise_on_sigterm
 
 __all__ = ["isolated", "isolates"]
 
@@ -60,8 +60,11 @@ def _child(conn: Any, fn: Any, args: tuple, kwargs: dict) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)
         result = fn(*args, **kwargs)
     except BaseException as exc:
-        if not isinstance(exc, KeyboardInterrupt):  # the parent reports an interrupt
+        interrupt = interrupt_behind(exc)
+        if interrupt is None:
             traceback.print_exc()
+        else:  # the parent reports an interrupt, and what follows from one (a dead worker)
+            exc = interrupt
         try:
             pickle.loads(pickle.dumps(exc))
         except Exception:  # it would not arrive whole (e.g. a constructor with other arguments)
