@@ -96,7 +96,8 @@ def test_runaway_statement_hits_the_statement_deadline(shop_tasks: list, pool) -
         "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT count(*) FROM r"
     )
     verdict = judge(by_id(shop_tasks, "shop_1"), [forever], pool=pool, statement_timeout=0.3)
-    assert verdict.phase == "timeout" and verdict.timings["total"] < 5
+    # It never ends by itself: the verdict is the deadline's (one that did not hold would hang).
+    assert verdict.phase == "timeout", verdict
 
 
 def test_missing_database_is_a_setup_failure(tmp_path, pool) -> None:

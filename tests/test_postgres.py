@@ -95,7 +95,9 @@ def test_statements_follow_the_official_evaluator_commit_per_statement(
 def test_every_statement_is_bounded(pg_pool: DatabasePool, pg_shop: str) -> None:
     with _session(pg_pool, pg_shop, statement_timeout=0.5, max_rows=50, max_result_bytes=2000) as s:
         slow = s.execute("SELECT pg_sleep(30)")
-        assert slow.timed_out and slow.elapsed < 5
+        # Cut at its deadline, not slept to its end: half the 30 s it would take, however slow
+        # the machine.
+        assert slow.timed_out and slow.elapsed < 15, slow
         huge = s.execute("SELECT g FROM generate_series(1, 100000000) g")
         assert huge.timed_out  # the function's rows are made before the first is sent
         many = s.execute("SELECT g FROM generate_series(1, 300000) g", timeout=20)
@@ -175,9 +177,10 @@ def test_leases_are_ready_and_released_clones_are_dropped(
     pg_pool.warm(pg_shop)
     pg_pool.drain()
     assert pg_pool.stats()["ready"] >= 2
-    start = time.perf_counter()
+    with pg_pool.server.admin() as conn:
+        existing = {name for (name,) in conn.execute("SELECT datname FROM pg_database")}
     lease = pg_pool.lease(pg_shop)
-    assert time.perf_counter() - start < 0.05  # a ready clone, not a CREATE DATABASE
+    assert lease.name in existing  # a ready clone, not a CREATE DATABASE
     pg_pool.release(lease)
     pg_pool.drain()
     with pg_pool.server.admin() as conn:
