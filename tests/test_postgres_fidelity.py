@@ -190,3 +190,57 @@ def test_released_clones_waiting_for_their_drop_stay_within_the_backlog(pg_shop:
         assert left <= 2
         pool.drain()
         assert pool.stats()["dropping"] == 0
+
+
+# -- the database's name ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("gold", "pred"),
+    [
+        (["SELECT count(*) FROM loans"], ["SELECT count(*) FROM bank_finance.public.loans"]),
+        (
+            ["SELECT 1::bigint"],
+            [
+                "SELECT count(*) FROM information_schema.tables "
+                "WHERE table_catalog = 'bank_finance' AND table_name = 'loans'"
+            ],
+        ),
+        (["SELECT 'bank_finance'::name"], ["SELECT current_database()"]),
+    ],
+)
+def test_sql_that_names_its_database_runs_in_a_database_of_that_name(
+    databases: TaskDatabases, task: Task, gold: list[str], pred: list[str]
+) -> None:
+    # The official evaluator runs in a database named db_id; an instance whose SQL names it is
+    # judged on a clone of that name (the last case names it in the gold).
+    assert _verdict(databases, task, gold, pred) == "success"
+
+
+def test_instances_that_name_one_database_take_the_name_in_turn(
+    databases: TaskDatabases, task: Task
+) -> None:
+    from birdenv.judge.postgres import judge_pg_many
+
+    case = dataclasses.replace(
+        task, sol_sql=["SELECT count(*) FROM loans"], test_cases=[EX_BASE], preprocess_sql=[]
+    )
+    named = ["SELECT count(*) FROM bank_finance.public.loans"]
+    jobs = [(case, named), (case, ["SELECT count(*) FROM loans"])] * 3
+    verdicts = list(judge_pg_many(jobs, processes=4, pool=databases, statement_timeout=None))
+    assert [v.status for v in verdicts] == ["success"] * 6
+    with databases.pool.server.admin() as admin:  # the name is free again
+        assert not admin.execute(
+            "SELECT 1 FROM pg_database WHERE datname = 'bank_finance'"
+        ).fetchone()
+
+
+def test_a_batch_of_judgements_leaves_no_ready_clone_behind(task: Task) -> None:
+    from birdenv.judge.postgres import judge_pg_many
+
+    case = dataclasses.replace(task, test_cases=[EX_BASE], preprocess_sql=[])
+    with DatabasePool(ready=2) as pool:
+        databases = TaskDatabases(pool)
+        verdicts = list(judge_pg_many([(case, case.sol_sql)] * 3, processes=2, pool=databases))
+        assert [v.status for v in verdicts] == ["success"] * 3
+        pool.drain()
+        # clones are made for the leases still to come, none for a lease that will not come
+        assert pool.stats() == {"ready": 0, "pending": 0, "dropping": 0}

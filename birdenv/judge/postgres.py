@@ -27,6 +27,7 @@ layout on a server that already holds them, ``{db_id}_template``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import io
@@ -52,6 +53,7 @@ __all__ = [
     "default_task_databases",
     "judge_pg",
     "judge_pg_many",
+    "names_its_database",
     "preprocess_results",
     "remove_distinct",
     "validate_pg_tasks",
@@ -73,11 +75,31 @@ class TaskDatabases:
         self.pool = pool or DatabasePool(**pool_options)
         self._owns = pool is None
         self._templates: dict[Any, str] = {}
+        self._coming: collections.Counter[Any] = collections.Counter()
         self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(task: Task) -> tuple[str, str]:
+        return (task.db_id, str(task.db_dir))
+
+    def expect(self, tasks: Iterable[Task]) -> None:
+        """Say that one lease of each of ``tasks`` will follow
+        (:meth:`~birdenv.postgres.DatabasePool.expect`: no ready clone is left over to drop
+        when a batch of judgements ends)."""
+        known: collections.Counter[str] = collections.Counter()
+        with self._lock:
+            for task in tasks:
+                key = self._key(task)
+                if key in self._templates:
+                    known[self._templates[key]] += 1
+                else:  # told to the pool once the template is known (template_for)
+                    self._coming[key] += 1
+        for template, leases in known.items():
+            self.pool.expect(template, leases)
 
     def template_for(self, task: Task) -> str:
         """The template database of ``task`` (made from its SQLite file on first use)."""
-        key = (task.db_id, str(task.db_dir))
+        key = self._key(task)
         with self._lock:
             name = self._templates.get(key)
         if name is not None:
@@ -86,14 +108,23 @@ class TaskDatabases:
             name = f"{task.db_id}_template"  # the official layout, on the server already
         else:
             name = self.pool.template(sqlite_template(task.db_path, task.db_id))
-        self.pool.warm(name)
         with self._lock:
             self._templates[key] = name
+            coming = self._coming.pop(key, 0)
+        if coming:
+            self.pool.expect(name, coming)
+        else:
+            self.pool.warm(name)
         return name
 
-    def lease(self, task: Task) -> Lease:
-        """A fresh clone of ``task``'s database."""
-        return self.pool.lease(self.template_for(task))
+    def lease(self, task: Task, *, named: bool = False) -> Lease:
+        """A fresh clone of ``task``'s database; ``named``: a clone that answers to the name
+        ``task.db_id`` (:meth:`~birdenv.postgres.DatabasePool.lease_as`: one at a time per
+        name)."""
+        template = self.template_for(task)
+        if named:
+            return self.pool.lease_as(template, task.db_id)
+        return self.pool.lease(template)
 
     def session(
         self, task: Task, *, limits: Limits | None = None, exclusive: bool = True
@@ -305,6 +336,27 @@ def _run_test(code: str, helpers: _Helpers, result: Any, args: tuple[Any, ...]) 
     return None
 
 
+def names_its_database(task: Task, preds: list[str]) -> bool:
+    """Whether the instance's SQL or tests name its database (``db_id`` as a word: a
+    three-part name, ``table_catalog = 'db_id'``, ``ALTER DATABASE db_id``): such an instance is
+    judged on a clone named ``db_id``, as the official evaluator's database is named; the others
+    on clones of their own names, any number at once.
+
+    >>> from birdenv.tasks import parse_task
+    >>> task = parse_task({"instance_id": "t", "db_id": "shop", "query": "", "sol_sql": []})
+    >>> names_its_database(task, ["SELECT * FROM shop.public.orders"])
+    True
+    >>> names_its_database(task, ["SELECT * FROM shop_orders"])
+    False
+    """
+    word = re.compile(rf"\b{re.escape(task.db_id)}\b", re.IGNORECASE)
+    texts = (
+        *preds, *task.sol_sql, *task.issue_sql, *task.preprocess_sql, *task.clean_up_sql,
+        *task.test_cases,
+    )  # fmt: skip
+    return any(word.search(text) for text in texts)
+
+
 def judge_pg(
     task: Task,
     sql_list: list[str] | str,
@@ -321,7 +373,7 @@ def judge_pg(
     started = time.monotonic()
     total = len(task.test_cases)
     try:
-        lease = databases.lease(task)
+        lease = databases.lease(task, named=names_its_database(task, preds))
     except Exception as exc:
         return Verdict(
             task.instance_id, "failed", "setup", f"{type(exc).__name__}: {exc}", 0, total
@@ -330,19 +382,19 @@ def judge_pg(
     conn = None
     try:
         conn = databases.pool.connect(lease)
-        helpers.execute_queries(task.preprocess_sql, lease.name, conn)
-        result, error, timed_out = helpers.execute_queries(preds, lease.name, conn)
+        helpers.execute_queries(task.preprocess_sql, lease.database, conn)
+        result, error, timed_out = helpers.execute_queries(preds, lease.database, conn)
         passed, failed, message = 0, [], None
         if not error and not timed_out and task.test_cases:
             pair = (task.issue_sql, preds) if task.efficiency else (preds, task.sol_sql)
             for i, code in enumerate(task.test_cases, 1):
-                outcome = _run_test(code, helpers, result, (*pair, lease.name, conn))
+                outcome = _run_test(code, helpers, result, (*pair, lease.database, conn))
                 if outcome is None:
                     passed += 1
                 else:
                     failed.append(f"test_{i}")
                     message = message or outcome
-        helpers.execute_queries(task.clean_up_sql, lease.name, conn)
+        helpers.execute_queries(task.clean_up_sql, lease.database, conn)
     finally:
         helpers.close()
         if conn is not None:
@@ -382,6 +434,9 @@ def judge_pg_many(
     from concurrent.futures import ThreadPoolExecutor
 
     pairs = list(jobs)
+    (pool if isinstance(pool, TaskDatabases) else default_task_databases()).expect(
+        task for task, _ in pairs
+    )
     with ThreadPoolExecutor(max(1, processes or 1)) as executor:
         futures = [
             executor.submit(judge_pg, task, sqls, pool=pool, statement_timeout=statement_timeout)

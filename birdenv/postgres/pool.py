@@ -47,6 +47,7 @@ import re
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -123,10 +124,16 @@ class RoleLimits:
 
 @dataclasses.dataclass(frozen=True)
 class Lease:
-    """A clone handed to one trajectory: its database (and login role) ``name``, its template."""
+    """A clone handed to one trajectory: its login role ``name`` (also its database's name,
+    unless the clone was leased under the name ``database``), its template."""
 
     name: str
     template: str
+    database: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.database:
+            object.__setattr__(self, "database", self.name)
 
 
 # Run in every new clone as the administrator, {role} being the clone's role: schemas and
@@ -227,8 +234,11 @@ class DatabasePool:
         self._lock = threading.Lock()
         self._ready: dict[str, collections.deque[str]] = collections.defaultdict(collections.deque)
         self._pending: dict[str, int] = collections.defaultdict(int)
+        self._expected: dict[str, int] = {}  # leases still to come, where a caller said (expect)
         self._made: set[str] = set()
         self._dropping = 0  # released clones left to the background, not dropped yet
+        # One lease of a database name at a time in this process (lease_as).
+        self._names: dict[str, threading.Lock] = collections.defaultdict(threading.Lock)
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="birdenv-pg")
         self._futures: set[Future[Any]] = set()
         self._closed = False
@@ -487,17 +497,36 @@ class DatabasePool:
             with self._lock:
                 self._pending[template] -= 1
         with self._lock:
-            if not self._closed:
+            if not self._closed and len(self._ready[template]) < self._wanted(template):
                 self._ready[template].append(name)
                 return
-        self._drop(name)
+        self._drop(name)  # the pool closed, or the leases it was made for were served
+
+    def _wanted(self, template: str) -> int:
+        """Clones to keep ready for ``template`` (under the lock): ``ready``, or fewer where
+        fewer leases are expected."""
+        return min(self.ready, self._expected.get(template, self.ready))
+
+    def expect(self, template: str, leases: int) -> None:
+        """Say that ``leases`` more leases of ``template`` will follow: until they are made, no
+        more clones of it are kept ready than are still to be leased, and none after (a lease
+        nobody said would come brings back ``ready``). A batch that says so leaves no ready
+        clone behind to drop."""
+        with self._lock:
+            self._expected[template] = self._expected.get(template, 0) + leases
+        self._top_up(template)
 
     def _top_up(self, template: str) -> None:
         with self._lock:
             if self._closed:
                 return
-            missing = self.ready - len(self._ready[template]) - self._pending[template]
+            want = self._wanted(template)
+            queue = self._ready[template]
+            surplus = [queue.pop() for _ in range(len(queue) - want)]
+            missing = want - len(queue) - self._pending[template]
             self._pending[template] += max(missing, 0)
+        for name in surplus:  # no lease will come for them
+            self._submit(self._again, self._drop, name)
         for _ in range(max(missing, 0)):
             self._submit(self._refill, template)
 
@@ -507,7 +536,7 @@ class DatabasePool:
 
     def lease(self, template: str) -> Lease:
         """A fresh clone of ``template`` for one trajectory: a ready one when there is one (then
-        a replacement is cloned in the background), else one cloned now.
+        a replacement is cloned in the background), else one cloned now (see :meth:`expect`).
 
         Raises :class:`PostgresServerError` when no clone can be made now (its message is the
         server's, e.g. ``No space left on device``) or when a background drop failed."""
@@ -519,6 +548,10 @@ class DatabasePool:
                 raise PostgresServerError(f"a background drop failed: {error}") from error
             queue = self._ready[template]
             name = queue.popleft() if queue else None
+            if self._expected.get(template):
+                self._expected[template] -= 1
+            else:
+                self._expected.pop(template, None)  # not announced: the default again
         if name is None:
             try:
                 name = self._clone(template)
@@ -529,11 +562,73 @@ class DatabasePool:
         self._top_up(template)
         return Lease(name, template)
 
+    def lease_as(self, template: str, database: str, *, wait: float = 600.0) -> Lease:
+        """A fresh clone of ``template`` that answers to the name ``database`` (a ready clone,
+        renamed), for SQL that names its database (``db.schema.table``, ``table_catalog =
+        'db'``) as the official evaluator's databases are named. A name is held by one lease at
+        a time: a second lease of it waits for the first one's release (here or in another
+        process on the same server, up to ``wait`` seconds). Where the server holds a database
+        of that name that no pool made (the official images hold ``{db_id}`` beside
+        ``{db_id}_template``), the clone keeps its own name."""
+        with self._lock:
+            lock = self._names[database]
+        if not lock.acquire(timeout=wait):
+            raise PostgresServerError(f"no clone could take the name {database} in {wait:g} s")
+        try:
+            lease = self.lease(template)
+            try:
+                named = self._rename(lease.name, database, time.monotonic() + wait)
+            except BaseException:
+                self.release(lease)
+                raise
+        except BaseException:
+            lock.release()
+            raise
+        if not named:
+            lock.release()
+            return lease
+        return Lease(lease.name, template, database)
+
+    def _rename(self, name: str, database: str, deadline: float) -> bool:
+        """Rename clone ``name`` to ``database``; False where a database of that name is not a
+        pool's (then nothing changes)."""
+        mark = f"birdenv clone {name}"
+        with self._admin() as conn:
+            while True:
+                try:
+                    conn.execute(f"ALTER DATABASE {_quote(name)} RENAME TO {_quote(database)}")
+                    conn.execute(f"COMMENT ON DATABASE {_quote(database)} IS {_literal(mark)}")
+                    return True
+                except psycopg().errors.DuplicateDatabase:
+                    (comment,) = conn.execute(
+                        "SELECT coalesce(shobj_description(oid, 'pg_database'), '') "
+                        "FROM pg_database WHERE datname = %s",
+                        (database,),
+                    ).fetchone() or ("birdenv clone ",)  # dropped meanwhile: try again
+                    if not comment.startswith("birdenv clone "):
+                        return False
+                except psycopg().errors.ObjectInUse:
+                    pass  # the backend that made the clone ready is still exiting
+                if time.monotonic() > deadline:
+                    raise PostgresServerError(
+                        f"no clone could take the name {database}: another process holds it"
+                    )
+                time.sleep(0.05)
+
     def release(self, lease: Lease) -> None:
         """Drop a leased clone (its connections are ended first): in the background while fewer
         than ``backlog`` released clones wait for theirs, else now. Without the bound, leases
         made faster than the server drops would pile clones up on the disk, and the process
         would wait for every one of them at exit."""
+        if lease.database != lease.name:
+            # Dropped now, so that the name is free when the next lease of it gets the lock.
+            try:
+                with self._admin() as conn:
+                    conn.execute(f"DROP DATABASE IF EXISTS {_quote(lease.database)} WITH (FORCE)")
+                    self._drop(lease.name, conn)
+            finally:
+                self._names[lease.database].release()
+            return
         with self._lock:
             closed = self._closed
             later = not closed and self._dropping < self.backlog
@@ -559,7 +654,7 @@ class DatabasePool:
         :attr:`watchdog`."""
         try:
             conn = psycopg().connect(
-                **self.server.connect_kwargs(lease.name, user=lease.name),
+                **self.server.connect_kwargs(lease.database, user=lease.name),
                 connect_timeout=10,
                 context=psycopg2_values(),
             )

@@ -269,7 +269,7 @@ class PgSession:
     @property
     def db_name(self) -> str:
         """The clone's database name."""
-        return self.lease.name
+        return self.lease.database
 
     @property
     def conn(self) -> Any:
