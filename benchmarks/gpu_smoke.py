@@ -50,10 +50,44 @@ QWEN2_SHAPE = {
 }
 
 
-def build(out: str) -> dict[str, Any]:
-    """The random Qwen2 model with the offline tokenizer and two EOS ids, saved at ``out``."""
+#: The shapes :func:`build` makes, by name. ``check``: the model above, its vocabulary the
+#: tokenizer's. ``qwen2.5-coder-7b``: Qwen2.5-Coder-7B-Instruct's exact shape (7.62 B parameters, a
+#: vocabulary of 152,064: ``birdtrain.plan``'s table of known models), as the device check trains
+#: it. ``tiny``: that architecture at a tiny width for a dry run on a CPU, its vocabulary larger than
+#: the tokenizer's as Qwen's is (ids past the tokenizer decode to nothing).
+SHAPES = ("check", "qwen2.5-coder-7b", "tiny")
+TINY_SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+    "vocab_size": 8192,
+}
+
+
+def _shape(name: str) -> dict[str, Any]:
+    from birdtrain.plan import KNOWN_MODELS
+
+    if name == "qwen2.5-coder-7b":
+        known = dict(KNOWN_MODELS["Qwen/Qwen2.5-Coder-7B-Instruct"])
+        known.pop("model_type")
+        return known
+    if name == "tiny":
+        return dict(TINY_SHAPE)
+    if name == "check":
+        return dict(QWEN2_SHAPE)
+    raise ValueError(f"unknown shape {name!r}; choose one of {', '.join(SHAPES)}")
+
+
+def build(out: str, shape: str = "check") -> dict[str, Any]:
+    """The random Qwen2 model of ``shape`` (:data:`SHAPES`) in bfloat16 with the offline tokenizer
+    and two EOS ids, saved at ``out``. It is made on the GPU when there is one: 7.6 B parameters
+    take seconds there and minutes on a CPU."""
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen2Config
 
     from birdtrain.models import build_tiny_model, prompt_corpus
 
@@ -61,19 +95,23 @@ def build(out: str) -> dict[str, Any]:
     build_tiny_model(path, vocab_size=4096, corpus=prompt_corpus(), local_window=None)
     tokenizer = AutoTokenizer.from_pretrained(path)
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    values = {"vocab_size": len(tokenizer), **_shape(shape)}
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        eos_token_id=eos[0],
-        pad_token_id=tokenizer.pad_token_id,
-        **QWEN2_SHAPE,
-    )
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    config = Qwen2Config(eos_token_id=eos[0], pad_token_id=tokenizer.pad_token_id, **values)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=eos[1])
     for stale in path.glob("*.safetensors"):
         stale.unlink()  # the tiny model's weights
     model.save_pretrained(path)
-    return {"path": str(path), "eos_token_ids": eos, "model_type": config.model_type}
+    return {
+        "path": str(path),
+        "eos_token_ids": eos,
+        "model_type": config.model_type,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": config.vocab_size,
+        "tokenizer_size": len(tokenizer),
+    }
 
 
 def _config(model: str, out: str, *extra: str) -> Any:

@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
 # The paper's path on one GPU, in under 10 minutes and without the model hub: one PASS/FAIL line
-# per check. Run from a clone on a machine with one CUDA GPU:
+# per check. Two modes:
 #
 #   benchmarks/gpu_smoke.sh [WORK_DIR]
 #
-# It installs bird-rl[train,vllm] as a GPU user does (a fresh virtual environment in WORK_DIR),
-# builds a random-weight Qwen2 model from a config with the project's offline tokenizer and two
-# EOS ids (benchmarks/gpu_smoke.py build), then checks `birdtrain plan`, stages 3 and 4 for two
-# steps each with vLLM colocated, LoRA, bfloat16 and gradient checkpointing, that the weight sync
-# leaves the frozen base untouched, `birdtrain eval --engine vllm`, and the peak GPU memory of
-# each stage against `birdtrain plan`'s figure for the same shapes. Logs stay in WORK_DIR.
+# A GPU machine that reaches a package index. It installs bird-rl[train,vllm] as a GPU user does
+# (a fresh virtual environment in WORK_DIR), builds a random-weight Qwen2 model from a config with
+# the project's offline tokenizer and two EOS ids (benchmarks/gpu_smoke.py build), then checks
+# `birdtrain plan`, stages 3 and 4 for two steps each with vLLM colocated, LoRA, bfloat16 and
+# gradient checkpointing, that the weight sync leaves the frozen base untouched, `birdtrain eval
+# --engine vllm`, and the peak GPU memory of each stage against `birdtrain plan`'s figure for the
+# same shapes. Every log stays in WORK_DIR (a new temporary folder when none is given; its path is
+# printed first and last).
+#
+#   benchmarks/gpu_smoke.sh --device [--dry-run] [OUT_DIR]
+#
+# A GPU machine with no network whose Python already holds CUDA's torch and transformers: the
+# wheels `make device-wheels` put in .whl/ are installed beside them, and a model of
+# Qwen2.5-Coder-7B-Instruct's exact shape trains without vLLM; logs and summary.json go to OUT_DIR
+# (default $OUT). benchmarks/gpu_smoke_device.py says what it checks; --dry-run runs the same on a
+# CPU with a tiny model.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --device ]; then
+    shift
+    exec "${PYTHON:-python3}" benchmarks/gpu_smoke_device.py run "$@"
+fi
 WORK=$(realpath -m "${1:-$(mktemp -d)}")
 mkdir -p "$WORK"
 VENV="$WORK/venv"
@@ -19,6 +33,8 @@ PY="$VENV/bin/python"
 export HF_HUB_OFFLINE=1 BIRDENV_HOME="$WORK/home" PYTHONUNBUFFERED=1
 MODEL="$WORK/qwen2-random"
 failed=0
+echo "logs: $WORK"
+trap 'echo "logs: $WORK"' EXIT
 
 say() { # NAME STATUS DETAIL
     echo "$2 $1${3:+: $3}"
