@@ -536,6 +536,15 @@ COMMANDS: dict[str, Callable[..., Iterator[tuple[str, dict[str, Any]]]]] = {
 # -- the driver ---------------------------------------------------------------------------------
 
 
+def _die_with_parent() -> None:
+    """In a check's process, before it runs: killed when the driver dies (killed at a runner's
+    time limit, say), rather than left running on its own."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 class Driver:
     """Runs the checks in order within the budget; collects their lines and results."""
 
@@ -559,7 +568,7 @@ class Driver:
         self, step: str, command: list[str], *, prints_result: bool = True
     ) -> tuple[dict[str, Any] | None, str]:
         """``command`` in a process group of its own, its output in ``OUT/STEP.log``, killed with
-        its children (environment workers) at its timeout. Its RESULT lines' objects are merged
+        its children (environment workers) at its timeout, or when this process dies. Its RESULT lines' objects are merged
         into :attr:`results` whatever its exit (a process that failed half-way keeps what it had
         found). Returns them merged (``{}`` for a command that ``prints_result=False`` and exits
         0), or None and why."""
@@ -578,7 +587,8 @@ class Driver:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 cwd=ROOT,
-                start_new_session=True,
+                process_group=0,
+                preexec_fn=_die_with_parent,
             )
             try:
                 code = proc.wait(timeout=timeout)
@@ -811,6 +821,9 @@ def main_run(args: list[str]) -> int:
         "TOKENIZERS_PARALLELISM": "false",
     }
     start = time.monotonic()
+    # A runner's SIGTERM ends the run through the cleanup below (the checks' processes die with
+    # this one).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     driver = Driver(out, scratch, budget, env)
     print(f"logs: {out}; scratch: {scratch}", flush=True)
     try:
