@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import signal
 import sqlite3
 import sys
 import time
@@ -232,20 +233,27 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         )
         return 2
     source = {"tasks": args.tasks, "db_dir": args.db_dir} if args.tasks else {"suite": args.suite}
-    print(
-        f"birdenv: serving {args.kind} tasks on http://{args.host}:{args.port} (WebSocket /ws)",
-        flush=True,
-    )
-    serve(
+    stopped = serve(
         host=args.host,
         port=args.port,
+        ready=lambda: print(
+            f"birdenv: serving {args.kind} tasks on http://{args.host}:{args.port} (WebSocket /ws)",
+            flush=True,
+        ),
         kind=args.kind,
         max_sessions=args.max_sessions,
         idle_timeout=args.idle_timeout or None,
         max_turns=args.max_turns,
         **source,
     )
-    return 0
+    if stopped is None:
+        return 0
+    print(
+        f"birdenv: serve stopped by {signal.Signals(stopped).name}: its sessions were closed and "
+        "their databases dropped",
+        flush=True,
+    )
+    return 128 + stopped
 
 
 # -- birdenv doctor ----------------------------------------------------------------------------

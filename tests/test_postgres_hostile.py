@@ -4,6 +4,8 @@ starve another trajectory or wedge its own session."""
 from __future__ import annotations
 
 import logging
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +285,10 @@ def _peak_growth(run: Any) -> int:
         )
         return int(line.split()[1]) << 10
 
+    import ctypes
+
+    # Memory freed earlier goes back to the system first: reused, it would not show as growth.
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from now
     before = status("VmRSS:")
     run()
@@ -323,3 +329,157 @@ def test_copy_through_the_client_is_a_clear_error_and_the_session_goes_on(
         assert "is not available here" in refused.error and "SELECT" in refused.error, refused
         assert s.execute("SELECT count(*) FROM customers").rows == [(3,)]
         assert s.execute("INSERT INTO customers VALUES (8, 'C', 'X', '2024')").ok
+
+
+# -- birdenv serve: PostgreSQL suites, what clients see, start-up and signals ---------------------
+def _strings(value: Any) -> Iterator[str]:
+    """Every string inside a decoded JSON message, keys and values."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def _secrets(task: Any) -> list[str]:
+    """The gold SQL and the tests of ``task``, but what its prompt gives anyway."""
+    given = " ".join([task.query, *task.issue_sql, *task.preprocess_sql])
+    return [s.strip() for s in [*task.sol_sql, *task.test_cases] if s.strip() not in given]
+
+
+def _serve(*options: str) -> tuple[Any, int, str]:
+    """``birdenv serve`` on a free port of 127.0.0.1: its process, its port, its banner (the first
+    line it prints, read as soon as it comes)."""
+    import select
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [str(Path(sys.executable).with_name("birdenv")), "serve", "--port", str(port)]
+    process = subprocess.Popen(
+        [*command, *options], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert select.select([process.stdout], [], [], 180)[0], "no banner in 180 s"
+    return process, port, process.stdout.readline()
+
+
+def _talk(port: int) -> Any:
+    """A raw WebSocket to the server, and ``send(kind, **data)``, which returns the decoded
+    answer and keeps every answer in ``send.seen``."""
+    import json
+
+    from websockets.sync.client import connect
+
+    ws = connect(f"ws://127.0.0.1:{port}/ws", open_timeout=60)
+    seen: list[Any] = []
+
+    def send(kind: str, **data: Any) -> dict[str, Any]:
+        ws.send(json.dumps({"type": kind, "data": data}))
+        seen.append(json.loads(ws.recv(timeout=120)))
+        return seen[-1]
+
+    send.seen = seen  # type: ignore[attr-defined]
+    return ws, send
+
+
+def _episode(send: Any, task: Any) -> None:
+    """A whole episode that fails, with every kind of answer: a read, an error, a malformed turn,
+    a wrong submission, a turn after the end, an unknown task and the state."""
+    from birdenv.tools import format_tool_call
+
+    prompt = send("reset", task_id=task.instance_id)
+    assert prompt.get("type") != "error", str(prompt)[:2000]
+    where = send("step", text=format_tool_call("execute_sql", sql="SELECT current_database()"))
+    assert "bc_" in where["data"]["observation"]["text"]  # a clone on PostgreSQL
+    send("step", text=format_tool_call("execute_sql", sql="SELECT * FROM no_such_table"))
+    send("step", text="no tool call at all")
+    done = send("step", text=format_tool_call("submit_solution", sql_list=task.issue_sql))
+    assert done["data"]["done"] and done["data"]["observation"]["verdict"] is not None
+    send("step", text=format_tool_call("execute_sql", sql="SELECT 1"))
+    send("reset", task_id="no-such-task")
+    send("state")
+    seen = "\n".join(s for m in send.seen for s in _strings(m))
+    assert _secrets(task)
+    for secret in _secrets(task):
+        assert secret not in seen, secret[:200]
+
+
+@pytest.mark.parametrize(
+    "stop", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)]
+)
+def test_serve_plays_postgresql_shows_no_answer_and_a_signal_stops_it_cleanly(
+    stop: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``birdenv serve`` on PostgreSQL tasks (a small task file), with a cluster of its own: the
+    banner comes once the port accepts connections; an episode plays on a clone and none of its
+    messages, errors included, carries the gold SQL or a test; with an episode open, the signal
+    closes the session, drops the clones and stops the cluster, and says so in one line."""
+    pytest.importorskip("openenv")
+    import json
+    import socket
+
+    from birdenv.tasks import load_tasks
+    from birdenv.tools import format_tool_call
+    from tests.conftest import SHOP_TASKS, build_shop
+
+    build_shop(tmp_path / "dbs")
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({**t, "dialect": "PostgreSQL"}) + "\n" for t in SHOP_TASKS))
+    task = next(t for t in load_tasks(path, db_dir=tmp_path / "dbs") if t.test_cases)
+    monkeypatch.setenv("BIRDENV_HOME", str(tmp_path / "home"))
+    process, port, banner = _serve("--tasks", str(path), "--db-dir", str(tmp_path / "dbs"))
+    cluster = PrivateCluster()
+    try:
+        assert banner.startswith("birdenv: serving critic tasks on"), banner
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()  # listening already
+        ws, send = _talk(port)
+        with ws:
+            _episode(send, task)
+            send("reset", task_id=task.instance_id)  # left open for the signal to find
+            send("step", text=format_tool_call("execute_sql", sql="CREATE TABLE mine (n int)"))
+            process.send_signal(stop)
+            assert process.wait(60) == 128 + stop
+        out = process.stdout.read()
+        assert f"stopped by {signal.Signals(stop).name}" in out and "Traceback" not in out, out
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert cluster.postmaster_pid() is None, "the cluster it started still runs"
+    cluster.ensure_running()
+    try:
+        with cluster.admin() as admin:
+            left = admin.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE 'bc\\_%' UNION ALL "
+                "SELECT rolname FROM pg_roles WHERE rolname LIKE 'bc\\_%'"
+            ).fetchall()
+        assert left == [], left
+    finally:
+        cluster.close()
+
+
+@pytest.mark.slow
+def test_serve_plays_the_critic_mini_pg_suite_and_no_message_carries_an_answer() -> None:
+    """``birdenv serve --suite critic-mini-pg`` (the bundled suite, on the shared cluster)."""
+    pytest.importorskip("openenv")
+    from birdenv.judge.postgres import default_task_databases
+    from birdenv.tasks import load_tasks
+
+    task = load_tasks("critic-mini-pg")[0]
+    default_task_databases().template_for(task)  # made before, not timed by the server's start
+    process, port, banner = _serve("--suite", "critic-mini-pg", "--max-turns", "10")
+    try:
+        assert banner.startswith("birdenv: serving critic tasks on"), banner
+        ws, send = _talk(port)
+        with ws:
+            _episode(send, task)
+    finally:
+        process.kill()
+        process.wait()

@@ -188,8 +188,8 @@ def task_env(tasks: Sequence[Any], **env_kwargs: Any) -> Any:
     Tasks that one environment plays get that environment (:func:`~birdenv.envs.env_class_for`);
     tasks that need several get a :class:`MixedTaskEnv` with one source per environment id,
     weighted by its number of tasks, which routes ``reset(options={"task_id": ...})`` to the
-    task's own environment. ``env_kwargs`` go to the environment; in a :class:`MixedTaskEnv`,
-    as it says.
+    task's own environment. ``env_kwargs`` go to the environment, those of another dialect left
+    out (``pool`` is SQLite's, ``pg_dsn`` PostgreSQL's); in a :class:`MixedTaskEnv`, as it says.
 
     >>> from birdenv.tasks import load_tasks
     >>> env = task_env(load_tasks("critic-mini")[:2] + load_tasks("critic-mini-pg")[:2])
@@ -200,7 +200,6 @@ def task_env(tasks: Sequence[Any], **env_kwargs: Any) -> Any:
     groups = env_groups(tasks)
     if not groups:
         raise ValueError("the task set is empty")
-    if len(groups) == 1:
-        only = next(iter(groups.values()))
-        return env_class_for(only[0])(tasks=only, **env_kwargs)
+    if len(groups) == 1:  # with the arguments its dialect takes, as a mixture's source
+        return _source_env(next(iter(groups.values())), env_kwargs)
     return MixedTaskEnv(groups, **env_kwargs)

@@ -22,9 +22,12 @@ it; :class:`BirdOpenEnvTRLEnv` wraps that client for TRL's ``environment_factory
 from __future__ import annotations
 
 import functools
+import logging
+import signal
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -39,6 +42,7 @@ from birdenv import tools
 from birdenv.errors import BirdEnvError
 from birdenv.integrations.trajectory import Trajectory, task_list
 from birdenv.integrations.trl import TRLTools
+from birdenv.interrupts import INTERRUPTS
 from birdenv.replicas import ReplicaPool
 from birdenv.replicas.pool import default_pool
 
@@ -100,11 +104,14 @@ class BirdOpenEnv(Environment[BirdAction, BirdObservation, BirdState]):
     """
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    #: The sessions open in this process (:func:`serve` closes them when it stops).
+    open: ClassVar[weakref.WeakSet[BirdOpenEnv]] = weakref.WeakSet()
 
     def __init__(self, **trajectory_kwargs: Any) -> None:
         super().__init__()
         self.trajectory = Trajectory(**trajectory_kwargs)
         self._state = BirdState()
+        BirdOpenEnv.open.add(self)
 
     def reset(
         self,
@@ -145,6 +152,7 @@ class BirdOpenEnv(Environment[BirdAction, BirdObservation, BirdState]):
 
     def close(self) -> None:
         """Free the session (OpenEnv calls this on disconnect and when the idle reaper fires)."""
+        BirdOpenEnv.open.discard(self)
         self.trajectory.close()
 
 
@@ -179,6 +187,9 @@ def make_app(
         pool=pool,
         **env_kwargs,
     )
+    # OpenEnv names a factory that failed by its __name__, else by its repr: a partial's repr
+    # holds every task, solutions and tests included, and the name goes to the client.
+    factory.__name__ = BirdOpenEnv.__name__  # type: ignore[attr-defined]
     app = create_app(
         factory,
         BirdAction,
@@ -195,18 +206,68 @@ def make_app(
 
     @app.get("/birdenv/pool", tags=["birdenv"])
     def _pool() -> dict[str, Any]:
-        """The replica pool's open sessions (leases) and peak; nothing leaked reads 0 when idle."""
+        """The open sessions (replica leases, and PostgreSQL clones leased from the process's
+        database pool) and the replica pool's peak; nothing leaked reads 0 when idle."""
+        from birdenv.postgres.pool import current_database_pool
+
         stats = pool.stats()
-        return {"open_sessions": stats["open_sessions"], "peak_sessions": stats["peak_sessions"]}
+        databases = current_database_pool()
+        clones = 0 if databases is None else databases.stats()["leased"]
+        return {
+            "open_sessions": stats["open_sessions"] + clones,
+            "peak_sessions": stats["peak_sessions"],
+        }
 
     return app
 
 
-def serve(host: str = DEFAULT_HOST, port: int = 8000, **app_kwargs: Any) -> None:
-    """Serve :func:`make_app` (``app_kwargs``) with uvicorn on ``host:port`` until interrupted."""
+def _not_a_disconnect(record: logging.LogRecord) -> bool:
+    """A log record that is not a WebSocket's disconnect reported as an error."""
+    from starlette.websockets import WebSocketDisconnect
+
+    return not (record.exc_info and isinstance(record.exc_info[1], WebSocketDisconnect))
+
+
+def serve(
+    host: str = DEFAULT_HOST,
+    port: int = 8000,
+    *,
+    ready: Callable[[], None] | None = None,
+    **app_kwargs: Any,
+) -> int | None:
+    """Serve :func:`make_app` (``app_kwargs``) with uvicorn on ``host:port`` until SIGINT or
+    SIGTERM; return the signal that stopped it (None: stopped otherwise).
+
+    ``ready()`` is called once the port accepts connections. On the way out every open session is
+    closed, so its database (a replica, a PostgreSQL clone) is dropped; the process's exit hooks
+    then drop the pools' ready clones and stop the private PostgreSQL cluster if this process was
+    its last user. (uvicorn re-raises the signal that stopped it once it has shut down: with
+    SIGTERM's default action the process would end there, its exit hooks skipped and the cluster
+    left running; the signal is noted here instead.)"""
     import uvicorn
 
-    uvicorn.run(make_app(**app_kwargs), host=host, port=port, log_level="warning")
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started and ready is not None:
+                ready()
+
+    server = Server(
+        uvicorn.Config(make_app(**app_kwargs), host=host, port=port, log_level="warning")
+    )
+    # OpenEnv's WebSocket handler closes, on its way out, a socket the shutdown already closed,
+    # and starlette raises WebSocketDisconnect for it: uvicorn would print that as a traceback.
+    logging.getLogger("uvicorn.error").addFilter(_not_a_disconnect)
+    stopped: list[int] = []
+    previous = {sig: signal.signal(sig, lambda s, _: stopped.append(s)) for sig in INTERRUPTS}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for env in list(BirdOpenEnv.open):
+            env.close()
+    return stopped[0] if stopped else None
 
 
 class BirdEnvClient(EnvClient[BirdAction, BirdObservation, BirdState]):

@@ -29,6 +29,7 @@ from typing import Any
 import gymnasium as gym
 
 import birdenv
+from birdenv.envs import env_id_for, task_env
 from birdenv.tools import format_tool_call
 
 __all__ = ["KINDS", "Trajectory", "Turn", "task_list"]
@@ -101,7 +102,8 @@ def task_list(
 class Trajectory:
     """One trajectory: a Gymnasium environment of ``kind`` over a task set, one episode at a time.
 
-    ``kind`` is ``"critic"`` (``BirdCritic-SQLite-v0``) or ``"bird"`` (``BirdSQL-SQLite-v0``);
+    ``kind`` is ``"critic"`` (``BirdCritic-SQLite-v0``, or ``BirdCritic-PostgreSQL-v0`` for
+    PostgreSQL tasks: :func:`birdenv.envs.task_env`) or ``"bird"`` (``BirdSQL-SQLite-v0``);
     ``suite``/``tasks``/``db_dir`` choose the tasks (:func:`task_list`); ``max_turns`` is
     Gymnasium's ``max_episode_steps`` (None: the registered default); other keywords (``reward``,
     ``pool``, ``statement_timeout`` ...) go to the environment. Thread-safe: calls on one trajectory
@@ -121,10 +123,10 @@ class Trajectory:
         self.kind = kind
         self.tasks = task_list(kind, suite=suite, tasks=tasks, db_dir=db_dir)
         self._by_id = {str(t.instance_id): t for t in self.tasks}
-        options = {"max_episode_steps": max_turns} if max_turns is not None else {}
-        self.env = gym.make(
-            _env_id(kind), tasks=self.tasks, disable_env_checker=True, **options, **env_kwargs
-        )
+        # Each task plays in its own dialect's environment (PostgreSQL tasks on PostgreSQL), by
+        # the rule every entry point follows; the turn limit is the registered one.
+        steps = max_turns or gym.spec(env_id_for(self.tasks[0])).max_episode_steps
+        self.env = gym.wrappers.TimeLimit(task_env(self.tasks, **env_kwargs), steps)
         self._lock = threading.Lock()
         self.task: Any = None
         self.reward = 0.0
@@ -163,7 +165,9 @@ class Trajectory:
             observation, reward, terminated, truncated, info = self.env.step(text)
             if terminated or truncated:
                 self.reward, self.verdict, self.done = float(reward), info.get("verdict"), True
-                self.passed = bool(getattr(self.env.unwrapped.verdict, "passed", False))
+                played = self.env.unwrapped
+                played = getattr(played, "env", played)  # a MixedTaskEnv's episode's own env
+                self.passed = bool(getattr(played.verdict, "passed", False))
                 # A truncated episode still holds its session: free it now, not at the next start.
                 self.env.unwrapped.close()
             return Turn(observation, float(reward), self.done, self.verdict, self.passed)

@@ -71,6 +71,7 @@ __all__ = [
     "Lease",
     "RoleLimits",
     "Template",
+    "current_database_pool",
     "default_database_pool",
 ]
 
@@ -242,6 +243,7 @@ class DatabasePool:
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="birdenv-pg")
         self._futures: set[Future[Any]] = set()
         self._closed = False
+        self._leased = 0
         # Failures of background drops (a clone left behind), raised by the next lease.
         self._errors: list[BaseException] = []
         #: Time and lock bounds on every statement of the connections :meth:`connect` opens.
@@ -560,6 +562,8 @@ class DatabasePool:
                     f"cannot clone {template} on {self.server.description}: {str(exc).strip()}"
                 ) from exc
         self._top_up(template)
+        with self._lock:
+            self._leased += 1
         return Lease(name, template)
 
     def lease_as(self, template: str, database: str, *, wait: float = 600.0) -> Lease:
@@ -633,6 +637,7 @@ class DatabasePool:
             closed = self._closed
             later = not closed and self._dropping < self.backlog
             self._dropping += later
+            self._leased -= 1
         if closed:
             self._drop(lease.name)
         elif later:
@@ -684,11 +689,13 @@ class DatabasePool:
                 future.result()
 
     def stats(self) -> dict[str, int]:
-        """Clones ready, being made, and released but not dropped yet, over all templates."""
+        """Clones ready, being made, leased and not released yet, and released but not dropped
+        yet, over all templates."""
         with self._lock:
             return {
                 "ready": sum(map(len, self._ready.values())),
                 "pending": sum(self._pending.values()),
+                "leased": self._leased,
                 "dropping": self._dropping,
             }
 
@@ -719,6 +726,12 @@ class DatabasePool:
 
 _DEFAULT: DatabasePool | None = None
 _DEFAULT_LOCK = threading.Lock()
+
+
+def current_database_pool() -> DatabasePool | None:
+    """The process's default pool if it was made and is open, else None (nothing is started)."""
+    with _DEFAULT_LOCK:
+        return None if _DEFAULT is None or _DEFAULT._closed else _DEFAULT
 
 
 def default_database_pool() -> DatabasePool:

@@ -87,7 +87,7 @@ class BirdTask(BaseTask):
     question_id: int
     db_id: str
     question: str
-    SQL: str
+    SQL: str = dataclasses.field(repr=False)  # never in a repr (one can reach an agent)
     evidence: str = ""
     difficulty: str = ""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)

@@ -67,10 +67,11 @@ class Task(BaseTask):
     db_id: str
     query: str
     issue_sql: list[str]
-    sol_sql: list[str] = dataclasses.field(default_factory=list)
+    # Never in a repr: a repr can end up in a message an agent or a client sees.
+    sol_sql: list[str] = dataclasses.field(default_factory=list, repr=False)
     preprocess_sql: list[str] = dataclasses.field(default_factory=list)
     clean_up_sql: list[str] = dataclasses.field(default_factory=list)
-    test_cases: list[str] = dataclasses.field(default_factory=list)
+    test_cases: list[str] = dataclasses.field(default_factory=list, repr=False)
     conditions: dict[str, Any] = dataclasses.field(default_factory=dict)
     category: str = "Query"
     dialect: str = "SQLite"
