@@ -243,4 +243,4 @@ def test_a_batch_of_judgements_leaves_no_ready_clone_behind(task: Task) -> None:
         assert [v.status for v in verdicts] == ["success"] * 3
         pool.drain()
         # clones are made for the leases still to come, none for a lease that will not come
-        assert pool.stats() == {"ready": 0, "pending": 0, "dropping": 0}
+        assert pool.stats() == {"ready": 0, "pending": 0, "leased": 0, "dropping": 0}
