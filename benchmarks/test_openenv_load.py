@@ -65,7 +65,8 @@ async def _session(
 
 def test_openenv_concurrent_sessions(benchmark: Any) -> None:
     pytest.importorskip("openenv", reason="in the .venv-adapters lane of make test")
-    from test_adapters import Server, wait_for  # tests/ is on the path (benchmarks/conftest.py)
+    # tests/ is on the path (benchmarks/conftest.py)
+    from test_adapters import HANG, Server, wait_for
     from websockets.exceptions import ConnectionClosed
 
     import birdenv
@@ -100,7 +101,7 @@ def test_openenv_concurrent_sessions(benchmark: Any) -> None:
             return sum(done)
 
         episodes = benchmark.pedantic(lambda: asyncio.run(load()), rounds=1, iterations=1)
-        wait_for(lambda: server.leases() == 0, 30, "every lease is freed after the clients left")
+        wait_for(lambda: server.leases() == 0, HANG, "every lease is freed after the clients left")
         ordered = sorted(latencies)
         p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
         benchmark.extra_info.update(
