@@ -21,6 +21,8 @@ import hashlib
 import json
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -58,13 +60,37 @@ def connect() -> Any:
     ray = import_ray()
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS")
-        if address:
-            ray.init(address=address)
-        else:
-            # "local" starts a new instance instead of attaching to whatever cluster this machine
-            # happens to run: without RAY_ADDRESS the run is this machine's alone.
-            ray.init(address="local", include_dashboard=False)
+        with _interrupt_handlers_kept():
+            if address:
+                ray.init(address=address)
+            else:
+                # "local" starts a new instance instead of attaching to whatever cluster this
+                # machine happens to run: without RAY_ADDRESS the run is this machine's alone.
+                ray.init(address="local", include_dashboard=False)
     return ray
+
+
+@contextlib.contextmanager
+def _interrupt_handlers_kept() -> Iterator[None]:
+    """Keep the program's SIGINT and SIGTERM handlers through ``ray.init``.
+
+    ``ray.init`` sets SIGTERM's Python handler to ``sys.exit``, and its core worker then puts a
+    C handler in its place that aborts the process with a stack dump (exit status 134): a
+    driver sent SIGTERM (by ``timeout``, a job scheduler) would neither unwind nor say what it
+    was doing. The program's own handler is put back; where it had none (Python's default),
+    Ray's Python handler is, so that the process exits through ``atexit`` (``ray.shutdown``).
+    Only the main thread can set handlers; elsewhere nothing is done."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            kept = handler if callable(handler) else signal.getsignal(signum)
+            if callable(kept):
+                signal.signal(signum, kept)
 
 
 def spread(count: int) -> list[str]:

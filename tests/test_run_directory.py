@@ -3,16 +3,16 @@ rerun with other settings, resumed over a damaged checkpoint, and interrupted.""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from interrupting import birdtrain, foreground, interrupt_and_resume, wait_for
 
 from birdtrain.cli import main
 
@@ -27,54 +27,6 @@ STAGE1 = [
     "stage3.enabled=false",
     "stage4.enabled=false",
 ]
-
-
-def _birdtrain(*args: str) -> list[str]:
-    return [sys.executable, "-m", "birdtrain.cli", *args]
-
-
-def _session_processes(session: int) -> list[int]:
-    """The live processes of a session (the command started in a session of its own)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session and fields[0] != "Z":
-            pids.append(int(stat.parent.name))
-    return pids
-
-
-def _foreground(argv: list[str]) -> subprocess.Popen:
-    """Start ``birdtrain argv`` as a terminal starts a foreground job: in a process group of its
-    own (so that a signal to the group is Ctrl-C), with SIGINT at its default action.
-
-    A process started in the background by a shell without job control (``make test &``)
-    inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored; so would the command,
-    and Ctrl-C would never reach it. A handled signal is reset to its default on ``exec``:
-    SIGINT handled here while the command starts gives it the default a terminal's job has."""
-    previous = signal.getsignal(signal.SIGINT)
-    if previous == signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        return subprocess.Popen(
-            _birdtrain(*argv),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _wait_for(condition, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +49,12 @@ def test_a_second_writer_exits_2_naming_the_first_while_readers_read(
     argv = ["curriculum", "--output-dir", str(run_copy.parent), *STAGE1]
     argv += ["stage2.enabled=true", "stage2.max_steps=1"]
     first = subprocess.Popen(
-        _birdtrain(*argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        birdtrain(*argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-        _wait_for(lambda: (run_copy / "stage2").exists() or first.poll() is not None)
+        wait_for(
+            lambda: (run_copy / "stage2").exists() or first.poll() is not None, "stage2 begins"
+        )
         assert first.poll() is None, first.communicate()
         assert main(argv) == 2
         error = capsys.readouterr().err
@@ -218,6 +172,23 @@ INTERRUPTS = {
     "sigterm-group-stage4": Interrupt(
         _rl_only("stage4"), signal.SIGTERM, True, "stage4/trajectories/*-000.parquet", "stage4"
     ),
+    # The same with the environments in Ray actors (on loopback, in a private network).
+    "sigterm-group-stage4-ray": Interrupt(
+        [*_rl_only("stage4"), "stage4.vector=ray"],
+        signal.SIGTERM,
+        True,
+        "stage4/trajectories/*-000.parquet",
+        "stage4",
+    ),
+    # An evaluation on PostgreSQL tasks: the workers' sessions hold clones of the project's
+    # cluster (which outlives the command by design; the clones must not).
+    "sigterm-group-eval-postgres": Interrupt(
+        [*EVAL_ONLY, "data.eval_suite=critic-mini-pg"],
+        signal.SIGTERM,
+        True,
+        "eval/before/episodes.partial.jsonl",
+        "the evaluation before",
+    ),
     # Stage 3 between its steps' sampling and judging: its first step's groups recorded.
     "sigterm-group-stage3": Interrupt(
         _rl_only("stage3"), signal.SIGTERM, True, "stage3/groups.jsonl", "stage3"
@@ -225,57 +196,44 @@ INTERRUPTS = {
 }
 # Minutes each (a stage trained twice, an evaluation played twice): in make test-all. The fast
 # representative of workers dying of the group's signal is tests/test_vector.py's.
-_SLOW = {"sigterm-group-eval", "sigterm-group-stage4", "sigterm-group-stage3"}
+_SLOW = {name for name in INTERRUPTS if name.startswith("sigterm-group-")}
+_MARKS = {
+    "sigterm-group-stage4-ray": [pytest.mark.private_network],
+    "sigterm-group-eval-postgres": [
+        pytest.mark.skipif(importlib.util.find_spec("psycopg") is None, reason="no psycopg")
+    ],
+}
 
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(name, marks=[pytest.mark.slow] if name in _SLOW else []) for name in INTERRUPTS],
+    [
+        pytest.param(
+            name, marks=[*([pytest.mark.slow] if name in _SLOW else []), *_MARKS.get(name, [])]
+        )
+        for name in INTERRUPTS
+    ],
 )
 def test_an_interrupt_is_one_line_leaves_no_process_and_resumes(tmp_path: Path, case: str) -> None:
     interrupt = INTERRUPTS[case]
     argv = ["curriculum", "--output-dir", str(tmp_path), *interrupt.argv]
     run = tmp_path / "smoke"
-    command = _foreground(argv)
-    _wait_for(lambda: any(run.glob(interrupt.marker)) or command.poll() is not None)
-    assert command.poll() is None, command.communicate()
-    if interrupt.group:
-        os.killpg(command.pid, interrupt.signum)
-    else:
-        command.send_signal(interrupt.signum)
-    _, err = command.communicate(timeout=300)
-    assert command.returncode == 128 + interrupt.signum, err
-    assert "Traceback" not in err, err
-    last = err.strip().splitlines()[-1]
-    name = signal.Signals(interrupt.signum).name
-    assert last.startswith(f"birdtrain: interrupted by {name} during {interrupt.during}; "), err
-    assert last.endswith("run the same command to resume")
-    _no_process_left(command.pid)
-    # The same command resumes and completes.
-    done = subprocess.run(_birdtrain(*argv), capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert (run / "summary.json").is_file()
-
-
-def _no_process_left(session: int) -> None:
-    """No process of the command's session outlives it. The command joins every process it
-    started before it exits, so none should remain at all; a process still ending (one the
-    command's signal reached but the system has not finished) gets time to, bounded generously
-    since only a hang, not a slow machine, must fail here."""
-    try:
-        _wait_for(lambda: not _session_processes(session), timeout=120)
-    except AssertionError:
-        left = {
-            pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in _session_processes(session)
-        }
-        raise AssertionError(f"processes left 120 s after the command exited: {left}") from None
+    interrupt_and_resume(
+        argv,
+        signum=interrupt.signum,
+        group=interrupt.group,
+        ready=lambda _: any(run.glob(interrupt.marker)),
+        what=f"{interrupt.marker} is written",
+        during=interrupt.during,
+    )
+    assert (tmp_path / "smoke" / "summary.json").is_file()
 
 
 def test_an_interrupt_under_verbose_shows_the_traceback(tmp_path: Path) -> None:
     argv = ["-v", "curriculum", "--output-dir", str(tmp_path), *EVAL_ONLY]
-    command = _foreground(argv)
+    command = foreground(argv)
     before = tmp_path / "smoke" / "eval" / "before"
-    _wait_for(lambda: before.exists() or command.poll() is not None)
+    wait_for(lambda: before.exists() or command.poll() is not None, "the evaluation begins")
     assert command.poll() is None, command.communicate()
     os.killpg(command.pid, signal.SIGINT)
     _, err = command.communicate(timeout=300)

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import threading
@@ -504,3 +505,60 @@ def test_stage4_with_vllm_two_steps(qwen2: str, tmp_path: Path) -> None:
     assert [r["step"] for r in steps] == [1, 2]
     assert all("sampling/importance_sampling_ratio/min" in r for r in steps)
     assert (Path(result["checkpoint"]) / "config.json").is_file()
+
+
+# -- interrupts: SIGTERM to the process group, as timeout(1), Slurm and systemd send it ----------
+@pytest.mark.slow
+def test_sigterm_to_the_group_while_the_engine_starts_ends_the_evaluation_and_it_resumes(
+    tmp_path: Path,
+) -> None:
+    """``birdtrain eval --engine vllm`` signalled while its engine process is starting: vLLM's
+    wait for the engine's handshake drops the interrupt, and the engine dies of the same signal,
+    so the command once waited for ever. It ends in one line, leaves no process, and the same
+    command then completes."""
+    from interrupting import interrupt_and_resume, process_named
+
+    argv = [
+        *("eval", "--policy", "smollm", "--suite", "critic-mini", "--limit", str(TASKS)),
+        *("--mode", "agent", "--engine", "vllm", "--dtype", "bfloat16", "--enforce-eager"),
+        *("--max-turns", "2", "--max-new-tokens", "48", "--num-envs", "2", "--out", str(tmp_path)),
+    ]
+    interrupt_and_resume(
+        argv,
+        signum=signal.SIGTERM,
+        group=True,
+        ready=lambda session: process_named(session, "EngineCor"),
+        what="vLLM's engine process starts",
+        during="the evaluation",
+        env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},  # the engine in a process of its own
+    )
+    assert (tmp_path / "summary.json").is_file()
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_group_during_stage4_with_vllm_is_one_line_and_resumes(
+    qwen2: str, tmp_path: Path
+) -> None:
+    """Stage 4 with TRL's colocated vLLM (the stage in a process of its own, its environments in
+    worker processes), signalled as its rollouts go on: one line, no process left, and the same
+    command completes the stage."""
+    from interrupting import interrupt_and_resume
+
+    argv = [
+        *("curriculum", "--output-dir", str(tmp_path), "--preset", "smoke"),
+        *(f"model.name_or_path={qwen2}", "model.lora=true", "model.dtype=bfloat16"),
+        *("eval.enabled=false", "stage1.enabled=false", "stage2.enabled=false"),
+        *("stage3.enabled=false", "stage4.use_vllm=true", "stage4.vllm_gpu_memory_utilization=0.3"),
+        *("stage4.max_new_tokens=32", "stage4.max_turns=2", *SHORT_PROMPTS),
+    ]
+    run = tmp_path / "smoke"
+    interrupt_and_resume(
+        argv,
+        signum=signal.SIGTERM,
+        group=True,
+        # The first rollout batch stored, the second begun.
+        ready=lambda _: any(run.glob("stage4/trajectories/*-000.parquet")),
+        what="stage 4's first rollouts are stored",
+        during="stage4",
+    )
+    assert (run / "stage4" / "DONE").is_file()
