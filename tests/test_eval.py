@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from interrupting import HANG
 
 from birdenv import load_tasks
 from birdenv.cli import main as birdenv_main
@@ -468,7 +469,7 @@ def _interrupted(argv: list[str], out: Path, saved: int) -> int:
     command = [sys.executable, "-m", "birdtrain.cli", *argv, "--out", str(out)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + HANG  # the model's load and the episodes, on a loaded machine
         while time.monotonic() < deadline and process.poll() is None:
             if progress.is_file() and len(progress.read_text().splitlines()) > saved:
                 break

@@ -223,12 +223,11 @@ def test_env_bounds_submitted_statements(world: World) -> None:
     )
     env = BirdCriticEnv(tasks=[world.task], pool=world.pool, statement_timeout=0.5)
     env.reset(options={"task_id": world.task.instance_id})
-    started = time.monotonic()
+    # It never ends by itself: the timeout verdict is the deadline's (a broken one would hang).
     _, reward, terminated, _, info = env.step(
         format_tool_call("submit_solution", sql_list=[forever])
     )
     assert terminated and reward == 0.0 and info["verdict"]["phase"] == "timeout"
-    assert time.monotonic() - started < 10
     env.close()
 
 
@@ -238,8 +237,9 @@ def test_single_value_is_bounded(world: World) -> None:
         built = session.execute("SELECT length(printf('%.*c', 100000000, 'x'))", timeout=5)
         blob = session.execute("SELECT length(zeroblob(900000000))", timeout=5)
     # Past MAX_VALUE_BYTES SQLite's printf gives NULL and zeroblob an error: bounded either way,
-    # in well under the deadline and without building the value.
-    assert built.rows == [(None,)] and built.elapsed < 5, built
+    # without building the value (a value built would be 100 MB, not NULL; one cut by the
+    # deadline would be a timeout).
+    assert built.rows == [(None,)] and not built.timed_out, built
     assert blob.error is not None and "too big" in blob.error, blob
 
 
