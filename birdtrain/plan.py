@@ -72,6 +72,30 @@ KNOWN_MODELS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 32768,
         "tie_word_embeddings": False,
     },
+    # Qwen2.5-Coder-0.5B/1.5B-Instruct as birdtrain.models builds them: the GGUF's own output
+    # head, untied from the embedding.
+    "qwen-coder-0.5b": {
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+    },
+    "qwen-coder-1.5b": {
+        "model_type": "qwen2",
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+    },
     "smollm": {  # SmolLM2-135M-Instruct
         "model_type": "llama",
         "hidden_size": 576,

@@ -498,13 +498,15 @@ def generation_policy(
     engine: str = "auto",
     engine_options: dict[str, Any] | None = None,
     dtype: str = "float32",
+    contexts: int = 8,
 ) -> Any:
     """The policy that generates for evaluation from a checkpoint: ``engine="vllm"``,
     ``"transformers"`` (on CUDA when present), or ``"auto"`` (vLLM when it is installed and can
     run the model, :func:`uses_vllm`; else transformers). ``engine_options`` go to the vLLM
     engine (see :class:`VLLMEnginePolicy`), its ``max_model_len`` at most the model's positions
-    (on a CPU its KV cache holds eight such windows unless ``kv_cache_memory_bytes`` says);
-    ``dtype`` is what either engine computes in (:class:`TransformersPolicy`)."""
+    (on a CPU its KV cache holds ``contexts`` such windows, the episodes played at once, unless
+    ``kv_cache_memory_bytes`` says); ``dtype`` is what either engine computes in
+    (:class:`TransformersPolicy`)."""
     import torch
     from transformers import AutoConfig
 
@@ -523,12 +525,12 @@ def generation_policy(
     )
     if not torch.cuda.is_available() and "kv_cache_memory_bytes" not in options:
         # On a CPU, gpu_memory_utilization reserves that share of the machine's memory (and vLLM
-        # refuses to start when it is not free): the KV cache is sized instead, for eight whole
-        # windows (eval.num_envs' default; more contexts than fit wait their turn).
+        # refuses to start when it is not free): the KV cache is sized instead, for a whole window
+        # of each context played at once (eval.num_envs), so that all of them are in flight.
         heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         per_token = 2 * text.num_hidden_layers * heads * head * (4 if dtype == "float32" else 2)
-        options["kv_cache_memory_bytes"] = 8 * options["max_model_len"] * per_token
+        options["kv_cache_memory_bytes"] = contexts * options["max_model_len"] * per_token
     return VLLMEnginePolicy(path, load_tokenizer(path), **options)
 
 

@@ -306,6 +306,8 @@ def test_eval_modes_and_training_tasks_each_get_a_folder(tmp_path: Path) -> None
     # The fit evaluations run first: an interrupted evaluation has the cheap figures.
     finished = sorted(folders, key=lambda f: (run / "eval" / f / "summary.json").stat().st_mtime_ns)
     assert finished == ["before-train", "before-train-single", "before", "before-single"]
+    # One policy for the round: the first evaluation builds it, the other three reuse it.
+    assert [summaries[f]["engines_built"] for f in finished] == [1, 0, 0, 0]
     before = json.loads((run / "summary.json").read_text())["before"]
     assert (before["mode"], before["split"]) == ("agent", "heldout")
     assert [

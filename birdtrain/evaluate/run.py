@@ -12,7 +12,7 @@ from typing import Any
 from birdenv.errors import OutputWriteError
 from birdenv.tasks import Task
 from birdtrain.config import EvaluationConfig
-from birdtrain.evaluate.episodes import REFERENCE_POLICIES, play_episodes
+from birdtrain.evaluate.episodes import REFERENCE_POLICIES, engines_built, play_episodes
 from birdtrain.evaluate.files import store_episodes, write_files
 from birdtrain.evaluate.progress import EvaluationProgress
 from birdtrain.evaluate.scoring import (
@@ -131,6 +131,7 @@ def evaluate_policy(
         n,
     )
     remaining = [t for t in tasks if t.instance_id not in progress.complete]
+    built = engines_built()
     try:
         episodes = progress.kept + (
             play_episodes(
@@ -176,6 +177,8 @@ def evaluate_policy(
     summary.update(mode=mode, split=config.task_set, seconds=round(seconds, 2), time_split=split)
     summary["prompt"] = dataclasses.asdict(prompt)
     summary["dtype"] = config.dtype
+    # 0 when the evaluation generated with an engine an earlier one started (sharing_engines).
+    summary["engines_built"] = engines_built() - built
     # An evaluation resumed after an interruption: the tasks it kept, and the seconds spent on
     # them before (``seconds`` and ``time_split`` are this run's own).
     summary["resumed_tasks"] = len(progress.complete)
