@@ -62,3 +62,58 @@ def test_eval_engine(benchmark, tmp_path: Path, mode: str, engine: str) -> None:
             f"vllm {vllm['wall']:.0f} s ({vllm['generation']:.0f} s generating), "
             f"transformers {transformers['wall']:.0f} s ({transformers['generation']:.0f} s)"
         )
+
+
+#: Seconds a round took, by scheme, for the ratio printed at the end.
+ROUND: dict[str, float] = {}
+
+
+@pytest.mark.parametrize("scheme", ["one engine per evaluation", "one engine per round"])
+def test_evaluation_round_engines(benchmark, tmp_path: Path, scheme: str) -> None:
+    """A curriculum's evaluation round, four evaluations of one policy (fit and held out, agent
+    and single mode) on vLLM: each starting its own engine (the naive scheme), against one engine
+    for the round (``birdtrain.evaluate.sharing_engines``, what the curriculum does)."""
+    import contextlib
+
+    from birdenv.tasks import load_tasks
+    from birdtrain.evaluate import evaluate_policy, sharing_engines
+    from birdtrain.models import resolve_model
+
+    smollm = resolve_model("smollm")
+    tasks = load_tasks("critic-mini")
+    rounds = [
+        (tasks[:TASKS], "agent"),
+        (tasks[:TASKS], "single"),
+        (tasks[TASKS : 2 * TASKS], "agent"),
+        (tasks[TASKS : 2 * TASKS], "single"),
+    ]
+    settings = {
+        "engine": "vllm",
+        "dtype": "bfloat16",
+        "engine_options": {"enforce_eager": True, "max_model_len": 8192},
+        "max_turns": 3,
+        "max_new_tokens": 128,
+        "num_envs": 4,
+    }
+
+    def run() -> None:
+        scope = sharing_engines() if scheme.endswith("round") else contextlib.nullcontext()
+        with scope:
+            for i, (part, mode) in enumerate(rounds):
+                evaluate_policy(
+                    smollm, tasks=part, out_dir=tmp_path / str(i), mode=mode, **settings
+                )
+
+    start = time.perf_counter()
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    ROUND[scheme] = time.perf_counter() - start
+    built = [json.loads((tmp_path / str(i) / "summary.json").read_text()) for i in range(4)]
+    benchmark.extra_info.update(
+        seconds=ROUND[scheme], engines_built=sum(s["engines_built"] for s in built)
+    )
+    if len(ROUND) == 2:
+        naive, shared = ROUND["one engine per evaluation"], ROUND["one engine per round"]
+        print(
+            f"\nevaluation round: {naive:.0f} s with an engine each, {shared:.0f} s with one "
+            f"engine: {naive - shared:.0f} s saved ({naive / shared:.2f}x)"
+        )
