@@ -405,3 +405,30 @@ def test_64_concurrent_trajectories(benchmark: Any) -> None:
         finally:
             for session in sessions:
                 session.close()
+
+
+def test_the_hostile_catalogue(benchmark: Any) -> None:
+    """The hostile catalogue (``tests/test_postgres_hostile.py``: 80 statements in eight classes:
+    shared state, time, locks, memory, results, COPY, escapes, other trajectories) played in two
+    concurrent trajectories under a 2 s statement timeout, beside a bystander that keeps writing
+    and reading its own clone; every bound and the shared state are checked as in the test.
+    Recorded: the whole run, and the longest statement of each class."""
+    import hashlib
+
+    from birdenv.postgres import Template
+    from tests.conftest import SHOP_SQL
+    from tests.test_postgres_hostile import CATALOGUE, CATALOGUE_BOUND, run_catalogue
+
+    with DatabasePool(ready=4) as pool:
+        digest = hashlib.sha256(SHOP_SQL.encode()).hexdigest()
+        template = pool.template(Template("shop", digest, lambda db: db.execute(SHOP_SQL)))
+        benchmark.group = "hostile catalogue"
+        longest = benchmark.pedantic(
+            lambda: run_catalogue(pool, template, CATALOGUE), rounds=1, iterations=1
+        )
+    benchmark.extra_info.update(
+        statements=sum(map(len, CATALOGUE.values())),
+        bound_s=CATALOGUE_BOUND,
+        **{f"longest_{name.replace(' ', '_')}_s": round(t, 2) for name, t in longest.items()},
+    )
+    print(f"\nhostile catalogue: {benchmark.extra_info}")

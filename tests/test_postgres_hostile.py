@@ -483,3 +483,225 @@ def test_serve_plays_the_critic_mini_pg_suite_and_no_message_carries_an_answer()
     finally:
         process.kill()
         process.wait()
+
+
+# -- the hostile catalogue ------------------------------------------------------------------------
+_DO = "DO $$BEGIN EXECUTE format('{}', current_database()); END$$"
+#: Statements an attacker would try, by class; ``{template}`` is the clone's template. Each must
+#: end within its bound, leave its own session usable and change nothing another trajectory or a
+#: later process sees.
+CATALOGUE: dict[str, list[str]] = {
+    "shared state": [
+        _DO.format("ALTER DATABASE %I IS_TEMPLATE true"),
+        _DO.format("ALTER DATABASE %I CONNECTION LIMIT 0"),
+        _DO.format("ALTER DATABASE %I SET statement_timeout = 0"),
+        _DO.format("ALTER DATABASE %I ALLOW_CONNECTIONS false"),
+        _DO.format("COMMENT ON DATABASE %I IS ''x''"),
+        _DO.format("ALTER DATABASE %I RENAME TO stolen"),
+        'GRANT CONNECT ON DATABASE "{template}" TO CURRENT_USER',
+        'ALTER DATABASE "{template}" IS_TEMPLATE false',
+        'ALTER DATABASE "{template}" ALLOW_CONNECTIONS true',
+        'ALTER DATABASE "{template}" CONNECTION LIMIT 0',
+        "ALTER DATABASE \"{template}\" SET work_mem = '1GB'",
+        "COMMENT ON DATABASE \"{template}\" IS 'x'",
+        'ALTER DATABASE "{template}" OWNER TO CURRENT_USER',
+        f"REASSIGN OWNED BY {OWNER_ROLE} TO CURRENT_USER",
+        f"DROP OWNED BY {OWNER_ROLE}",
+        f"GRANT {OWNER_ROLE} TO CURRENT_USER",
+        f"SET ROLE {OWNER_ROLE}",
+        f"ALTER ROLE {OWNER_ROLE} LOGIN SUPERUSER",
+        "ALTER ROLE birdenv NOLOGIN",
+        "ALTER DATABASE postgres SET statement_timeout = 0",
+        "CREATE ROLE mine LOGIN",
+        "SET ROLE birdenv",
+        "SET SESSION AUTHORIZATION birdenv",
+    ],
+    "time": [
+        "SET statement_timeout = 0; SELECT pg_sleep(30)",
+        "SET LOCAL statement_timeout = 0; SELECT pg_sleep(30)",
+        f"SET statement_timeout = 0; {SPIN}",
+        STUBBORN,
+        "SET statement_timeout = 0; WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 "
+        "FROM r) SELECT count(*) FROM r",
+        "SET client_connection_check_interval = 0; SET statement_timeout = 0; SELECT pg_sleep(30)",
+        "DO $$BEGIN PERFORM set_config('statement_timeout', '0', false); "
+        "PERFORM pg_sleep(30); END$$",
+        "SET idle_in_transaction_session_timeout = 0; SET lock_timeout = 0; SELECT pg_sleep(30)",
+    ],
+    "locks": [
+        "SELECT count(pg_advisory_lock(i)) FROM generate_series(1, 40000) i",
+        "SELECT count(pg_advisory_xact_lock(i)) FROM generate_series(1, 40000) i",
+        "SELECT count(pg_try_advisory_lock(i)) FROM generate_series(1, 40000) i",
+        "SELECT pg_advisory_lock_shared(1)",
+        "CREATE TABLE p (n int) PARTITION BY LIST (n); DO $$BEGIN FOR i IN 1..4000 LOOP "
+        "EXECUTE format('CREATE TABLE p%s PARTITION OF p FOR VALUES IN (%s)', i, i); "
+        "END LOOP; END$$",
+        "LOCK TABLE pg_authid IN ACCESS EXCLUSIVE MODE",
+        "LOCK TABLE pg_database IN ACCESS EXCLUSIVE MODE",
+    ],
+    "memory": [
+        "SET work_mem = '100GB'; SELECT count(*) FROM (SELECT repeat('x', 1000000) || g AS v "
+        "FROM generate_series(1, 1500) g ORDER BY v) s",
+        "SELECT count(*) FROM (SELECT array_agg(repeat('x', 1000000)) FROM "
+        "generate_series(1, 1100)) s",
+        "SET work_mem = '100GB'; SET hash_mem_multiplier = 1000; SELECT count(*) FROM (SELECT "
+        "g % 3000000 AS k, repeat('x', 200) FROM generate_series(1, 6000000) g) s GROUP BY k "
+        "LIMIT 1",
+        "SET temp_file_limit = '100GB'",
+        "SET maintenance_work_mem = '100GB'; CREATE INDEX ON customers (name)",
+    ],
+    "results": [
+        "/**/ SELECT g, 'row' FROM generate_series(1, 30000) g",
+        "SELECT 1; (SELECT g FROM generate_series(1, 30000) g)",
+        "/**/ SELECT repeat('x', 10000) FROM generate_series(1, 15000)",
+        "(SELECT repeat('x', 10000) FROM generate_series(1, 15000))",
+        "SELECT 1; SELECT repeat('x', 10000) FROM generate_series(1, 15000)",
+        "  -- note\nSELECT repeat('x', 10000) FROM generate_series(1, 15000)",
+        "WITH t AS (SELECT repeat('x', 10000) v FROM generate_series(1, 15000)) SELECT * FROM t",
+        "VALUES (repeat('x', 5000000)), (repeat('y', 5000000))",
+        "CREATE TEMP TABLE w AS SELECT repeat('x', 10000) AS v FROM generate_series(1, 15000); "
+        "DELETE FROM w RETURNING v",
+        "EXPLAIN (ANALYZE, VERBOSE) SELECT repeat('x', 100) FROM generate_series(1, 100000)",
+    ],
+    "copy": [
+        "COPY customers TO STDOUT",
+        "COPY customers FROM STDIN",
+        "COPY (SELECT repeat('x', 10000) FROM generate_series(1, 15000)) TO STDOUT",
+        "SELECT 1; COPY orders FROM STDIN; SELECT 2",
+        "COPY customers TO STDOUT WITH (FORMAT binary)",
+    ],
+    "escapes": [
+        "COPY customers TO PROGRAM 'id'",
+        "COPY customers FROM '/etc/passwd'",
+        "COPY customers TO '/tmp/stolen'",
+        "SELECT pg_read_file('/etc/passwd')",
+        "SELECT pg_ls_dir('.')",
+        "SELECT lo_import('/etc/passwd')",
+        "SELECT lo_export(1, '/tmp/stolen')",
+        "ALTER SYSTEM SET work_mem = '1GB'",
+        "CREATE EXTENSION dblink",
+        "CREATE FUNCTION f() RETURNS int LANGUAGE c AS 'libc.so.6', 'getpid'",
+        "CREATE FUNCTION g() RETURNS int LANGUAGE internal AS 'now'",
+        "SELECT pg_reload_conf()",
+        "SELECT pg_rotate_logfile()",
+        "PREPARE TRANSACTION 'x'",
+        "CREATE DATABASE other",
+        "CHECKPOINT",
+    ],
+    "others": [
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid()",
+        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid()",
+        "SELECT datname FROM pg_database",
+        "SELECT query FROM pg_stat_activity WHERE pid <> pg_backend_pid()",
+        "NOTIFY everyone, 'hello'",
+        "SELECT pg_terminate_backend(pg_backend_pid())",
+    ],
+}
+# A fast subset for the default run: of every class, statements that neither wait for a
+# deadline nor move hundreds of megabytes (one of the time class does: the watchdog's own test).
+FAST = {
+    name: [
+        s
+        for s in statements
+        if ("30)" not in s and SPIN not in s and s != STUBBORN) and ("repeat(" not in s)
+    ][:4]
+    for name, statements in CATALOGUE.items()
+}
+#: The statement timeout the catalogue runs under, and the most any statement may take: the
+#: timeout, the watchdog's margin and grace, and room for a loaded machine.
+CATALOGUE_TIMEOUT = 2.0
+CATALOGUE_BOUND = CATALOGUE_TIMEOUT + 0.5 + 2.0 + 6.0
+
+
+def run_catalogue(
+    pool: DatabasePool, template: str, catalogue: dict[str, list[str]], trajectories: int = 2
+) -> dict[str, float]:
+    """Play ``catalogue`` in ``trajectories`` concurrent sessions beside a bystander that keeps
+    reading and writing its own clone; check every bound (see :data:`CATALOGUE`) and that the
+    shared state is unchanged. Return the longest time any statement of each class took."""
+    import threading
+    import time
+
+    before = _shared_state(pool, template)
+    longest: dict[str, float] = dict.fromkeys(catalogue, 0.0)
+    failures: list[str] = []
+    stop = threading.Event()
+    bystander_failures: list[str] = []
+
+    def attack() -> None:
+        with _session(pool, template, statement_timeout=CATALOGUE_TIMEOUT) as s:
+            for name, statements in catalogue.items():
+                for sql in statements:
+                    result = s.execute(sql.replace("{template}", template))
+                    longest[name] = max(longest[name], result.elapsed)
+                    if result.elapsed > CATALOGUE_BOUND:
+                        failures.append(f"{sql[:60]}: {result.elapsed:.1f} s")
+                    if name == "shared state" and result.ok and "GRANT CONNECT" not in sql:
+                        failures.append(f"allowed: {sql[:60]}")
+                    after = s.execute("SELECT count(*) FROM orders")
+                    if after.error is not None:
+                        failures.append(f"unusable after {sql[:60]}: {after.error}")
+
+    def bystand() -> None:
+        with _session(pool, template, statement_timeout=30) as s:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                for sql in (
+                    f"INSERT INTO customers VALUES ({100 + n}, 'B', 'X', '2024')",
+                    "SELECT count(*) FROM customers",
+                ):
+                    result = s.execute(sql)
+                    if result.error is not None or result.elapsed > 5:
+                        bystander_failures.append(f"{sql}: {result.error} {result.elapsed:.1f}")
+                time.sleep(0.05)
+
+    watcher = threading.Thread(target=bystand)
+    watcher.start()
+    attackers = [threading.Thread(target=attack) for _ in range(trajectories)]
+    for thread in attackers:
+        thread.start()
+    for thread in attackers:
+        thread.join()
+    stop.set()
+    watcher.join()
+    assert not failures, failures
+    assert not bystander_failures, bystander_failures
+    assert _shared_state(pool, template) == before
+    return longest
+
+
+def _fresh_process_plays(pool: DatabasePool, template: str) -> None:
+    """A new process leases ``template`` and finds its original data."""
+    import subprocess
+    import sys
+
+    script = (
+        "from birdenv.postgres import DatabasePool, PgSession\n"
+        "from birdenv.replicas.session import Limits\n"
+        "with DatabasePool(ready=0) as pool, PgSession(pool, pool.lease("
+        f"{template!r}), limits=Limits()) as s:\n"
+        "    print(s.execute('SELECT count(*) FROM customers').rows,"
+        " s.execute('SELECT count(*) FROM orders').rows)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout.strip() == "[(3,)] [(4,)]", done.stdout + done.stderr
+
+
+def test_the_catalogue_s_fast_statements_in_two_trajectories(
+    pg_pool: DatabasePool, pg_shop: str
+) -> None:
+    assert sum(map(len, FAST.values())) >= 20 and all(FAST.values())
+    run_catalogue(pg_pool, pg_shop, FAST)
+    with _session(pg_pool, pg_shop) as s:  # the next lease plays on the original data
+        assert s.execute("SELECT count(*) FROM customers").rows == [(3,)]
+        assert s.execute("SELECT count(*) FROM orders").rows == [(4,)]
+
+
+@pytest.mark.slow
+def test_the_whole_catalogue_in_two_trajectories(pg_pool: DatabasePool, pg_shop: str) -> None:
+    assert sum(map(len, CATALOGUE.values())) >= 60
+    longest = run_catalogue(pg_pool, pg_shop, CATALOGUE)
+    assert max(longest.values()) <= CATALOGUE_BOUND
+    pg_pool.drain()
+    _fresh_process_plays(pg_pool, pg_shop)
