@@ -32,7 +32,8 @@ class ArgumentError(BirdEnvError, TypeError):
 
 
 class TaskKindError(BirdEnvError, TypeError):
-    """Tasks of one kind were given where another kind is needed; the message says which fits."""
+    """Tasks of one kind were given where another is needed, or a kind nothing is registered for;
+    the message says which fits."""
 
 
 class UnknownSuiteError(BirdEnvError, KeyError):

@@ -7,10 +7,9 @@ object ``{"<question_id>": "<SQL>\\t----- bird -----\\t<db_id>"}``, or rows of `
 reads it (a row that cannot be scored is a :class:`~birdenv.errors.PredictionFormatError` in its
 place, so the rest is still scored), and :func:`evaluate_file` judges it with the official rules.
 
->>> from birdenv.tasks import Task
 >>> kind, why = choose_kind(Path("preds.jsonl"), scorer="auto", suite="critic-mini")
->>> kind is Task, why
-(True, '--suite critic-mini')
+>>> kind.kind, why
+('critic', '--suite critic-mini')
 """
 
 from __future__ import annotations
@@ -23,19 +22,22 @@ from pathlib import Path
 from typing import Any
 
 from birdenv import suites
-from birdenv.errors import ArgumentError, PredictionFormatError, TaskFormatError
-from birdenv.judge import INSTANCE_TIMEOUT, judge_many
+from birdenv.errors import ArgumentError, PredictionFormatError, TaskFormatError, TaskKindError
+from birdenv.judge import INSTANCE_TIMEOUT, score_many
 from birdenv.rows import read_rows, read_text
-from birdenv.tasks import BaseTask, Task, load_tasks, parse_task, source_kind
-from birdenv.tasks.bird import BIRD_SEPARATOR, BirdTask, load_bird
+from birdenv.tasks import BaseTask, Task, parse_task, source_kind
+from birdenv.tasks.bird import BIRD_SEPARATOR, BirdTask
 
 __all__ = [
     "SCORERS",
     "Evaluation",
+    "Layout",
     "Prediction",
     "choose_kind",
     "evaluate_file",
+    "layout_of",
     "read_predictions",
+    "register_layout",
     "write_jsonl",
 ]
 
@@ -124,22 +126,17 @@ def read_predictions(
     evaluation suite. A file that is not UTF-8 raises :class:`PredictionFormatError`.
     """
     source = tasks or suite or kind.eval_suite
-    if kind is BirdTask:
-        if tasks and not db_dir:
-            raise ArgumentError(
-                "BIRD questions from a file need their database folder: --db-dir DIR "
-                "(db_dir=), holding {db_id}/{db_id}.sqlite"
-            )
-        questions = load_bird(source, db_dir=db_dir)
-        return _bird_entries(path, questions, source), questions, source
+    layout = layout_of(kind)
+    if tasks and not db_dir and layout.needs_db_dir:
+        raise ArgumentError(layout.needs_db_dir)
     task_set: list[BaseTask] = []
 
     def task_set_once() -> list[BaseTask]:
         if not task_set:
-            task_set.extend(load_tasks(source, db_dir=db_dir))
+            task_set.extend(kind.load(source, db_dir=db_dir))
         return task_set
 
-    return list(_critic_entries(path, task_set_once, db_dir)), task_set, source
+    return list(layout.read(path, task_set_once, source, db_dir)), task_set, source
 
 
 def evaluate_file(
@@ -159,11 +156,13 @@ def evaluate_file(
     """Judge every prediction of a file with the official rules of its kind, in ``jobs`` workers
     (default one; with ``ray=True``, Ray workers over the cluster, by default one per CPU of it).
 
-    BIRD-CRITIC: the judge (:func:`birdenv.judge.judge_many`), ``statement_timeout`` per
-    statement (default none, as the official evaluator), ``instance_timeout`` per instance,
-    ``cache`` for the issue phases. BIRD: execution accuracy (:func:`birdenv.judge.ex.score_many`,
-    ``statement_timeout`` default 30 s, the official ``meta_time_out``); every question of the
-    task set counts, one without a prediction scores 0 (phase ``"missing"``). Where this differs
+    Each prediction is judged by the judge of its task's kind and dialect under the official
+    rule (:func:`birdenv.judge.score_many` with ``official=True``), ``statement_timeout`` per
+    statement (default: the official evaluator's, none for BIRD-CRITIC on SQLite, 30 s for BIRD);
+    ``instance_timeout`` per instance and ``cache`` for the issue phases go to BIRD-CRITIC's
+    judge on SQLite. The kind's :class:`Layout` says how its file is read and what counts: for
+    BIRD every question of the task set, one without a prediction scoring 0 (phase
+    ``"missing"``). Where this differs
     from BIRD's scripts, on input only: they pair predictions with questions by position, here by
     question id; a non-string prediction is a named bad entry (they run it as ``" "``).
     ``progress(iterable, total, label)`` wraps the verdict stream (a progress bar).
@@ -173,30 +172,16 @@ def evaluate_file(
     )
     good = [entry for entry in entries if isinstance(entry, Prediction)]
     started = time.perf_counter()
-    pairs = ((entry.task, entry.sql_list) for entry in good)
-    if kind is BirdTask:
-        from birdenv.judge.ex import score_many
-
-        timeout = 30.0 if statement_timeout is None else statement_timeout
-        verdicts = score_many(
-            pairs, processes=jobs, statement_timeout=timeout, isolate_gold=False, ray=ray
-        )
-    elif any(entry.task.dialect.lower() != "sqlite" for entry in good):
-        from birdenv.judge import score_many  # each dialect's own judge (PostgreSQL: psycopg)
-
-        verdicts = score_many(
-            pairs, processes=jobs, statement_timeout=statement_timeout, official=True, ray=ray
-        )
-    else:
-        verdicts = judge_many(
-            pairs,
-            processes=jobs,
-            statement_timeout=statement_timeout,
-            instance_timeout=instance_timeout,
-            cache=cache,
-            ray=ray,
-        )
-    stream = iter(progress(verdicts, len(good), "scoring" if kind is BirdTask else "judging"))
+    verdicts = score_many(
+        ((entry.task, entry.sql_list) for entry in good),
+        processes=jobs,
+        statement_timeout="official" if statement_timeout is None else statement_timeout,
+        official=True,
+        ray=ray,
+        instance_timeout=instance_timeout,
+        cache=cache,
+    )
+    stream = iter(progress(verdicts, len(good), "judging"))
     rows, warnings = [], []
     for entry in entries:
         if isinstance(entry, PredictionFormatError):
@@ -211,16 +196,16 @@ def evaluate_file(
                 }
             )
             continue
-        row = {**next(stream).to_dict(), **_fields(entry.task), "line": entry.line}
+        row = {**next(stream).to_dict(), **entry.task.verdict_fields(), "line": entry.line}
         if entry.warnings:
             row["warnings"] = entry.warnings
             warnings.extend(f"warning: {path}:{entry.line}: {w}" for w in entry.warnings)
         rows.append(row)
     counted = rows
-    if kind is BirdTask:
+    if layout_of(kind).every_task_counts:
         counted = [row for row in rows if row.get("phase") != "input"]
-        scored = {row["question_id"] for row in counted}
-        missing = [task for task in task_set if task.question_id not in scored]
+        scored = {row["instance_id"] for row in counted}
+        missing = [task for task in task_set if task.instance_id not in scored]
         missing_rows = [
             {
                 "instance_id": task.instance_id,
@@ -228,7 +213,7 @@ def evaluate_file(
                 "correct": False,
                 "phase": "missing",
                 "error": "no prediction for this question",
-                **_fields(task),
+                **task.verdict_fields(),
             }
             for task in missing
         ]
@@ -251,16 +236,9 @@ def write_jsonl(rows: Iterable[dict[str, Any]], out: Path) -> Path:
     return out
 
 
-def _fields(task: BaseTask) -> dict[str, Any]:
-    """What a verdict row says of its task besides the verdict."""
-    if isinstance(task, BirdTask):
-        return {"question_id": task.question_id, "db_id": task.db_id, "difficulty": task.category}
-    return {"category": task.category}
-
-
 # -- BIRD-CRITIC ------------------------------------------------------------------------------------
 def _critic_entries(
-    path: Path, task_set: Callable[[], list[BaseTask]], db_dir: str | Path | None
+    path: Path, task_set: Callable[[], list[BaseTask]], source: str, db_dir: str | Path | None
 ) -> Iterator[Prediction | PredictionFormatError]:
     known: dict[str, BaseTask] | None = None
     for item in read_rows(path, error=PredictionFormatError):
@@ -319,6 +297,18 @@ def _bird_object(path: Path) -> dict[str, Any] | None:
     return whole
 
 
+def _write_bird_object(folder: Path, pairs: list[tuple[Any, list[str]]]) -> Path:
+    """BIRD's official ``predict.json`` in ``folder``: ``{question_id: "SQL<sep>db_id"}``, the
+    last statement of each submission its answer (an empty one: an empty answer)."""
+    official = {
+        task.instance_id: f"{(sql_list or [''])[-1]}{BIRD_SEPARATOR}{task.db_id}"
+        for task, sql_list in pairs
+    }
+    path = folder / "predict.json"
+    path.write_text(json.dumps(official, indent=2))
+    return path
+
+
 def _bird_predictions(path: Path) -> Iterator[tuple[int, str, Any]]:
     """``(position, where, (question_id, sql, db_id | None, warnings) | error)`` of each entry."""
     whole = _bird_object(path)
@@ -360,12 +350,12 @@ def _bird_predictions(path: Path) -> Iterator[tuple[int, str, Any]]:
 
 
 def _bird_entries(
-    path: Path, tasks: list[BirdTask], source: str
+    path: Path, task_set: Callable[[], list[BaseTask]], source: str, db_dir: str | Path | None
 ) -> list[Prediction | PredictionFormatError]:
     """The predictions matched to their questions by question id (the official scripts pair them
     by position; the id is what says which question a prediction answers). An unknown or repeated
     id is an error naming the entry; the first prediction of a question is the one scored."""
-    by_id = {task.question_id: task for task in tasks}
+    by_id = {task.question_id: task for task in task_set()}
     first_at: dict[int, str] = {}
     entries: list[Prediction | PredictionFormatError] = []
     for position, where, item in _bird_predictions(path):
@@ -394,3 +384,53 @@ def _bird_entries(
             continue
         entries.append(PredictionFormatError(f"{where}: {error}", line=position))
     return entries
+
+
+# -- the layouts, by kind -------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How the official prediction files of one kind of task are read and counted.
+
+    ``read(path, task_set, source, db_dir)`` gives each entry of the file as a
+    :class:`Prediction` or the :class:`PredictionFormatError` naming it (``task_set()`` loads the
+    task set, named ``source``, when the entries need it); ``every_task_counts``: each task of
+    the set counts once, a task without a prediction as a failure (BIRD's rule), rather than each
+    entry; ``needs_db_dir``, when not empty, is the error for a task file given without its
+    databases' folder; ``write(folder, [(task, sql_list), ...])``, where the kind has an official
+    file of its own beyond ``instance_id`` + ``pred_sqls`` rows, writes it into ``folder`` and
+    returns its path.
+    """
+
+    read: Callable[..., Iterable[Prediction | PredictionFormatError]]
+    every_task_counts: bool = False
+    needs_db_dir: str = ""
+    write: Callable[[Path, list[tuple[Any, list[str]]]], Path] | None = None
+
+
+_LAYOUTS: dict[str, Layout] = {
+    Task.kind: Layout(_critic_entries),
+    BirdTask.kind: Layout(
+        _bird_entries,
+        every_task_counts=True,
+        write=_write_bird_object,
+        needs_db_dir="BIRD questions from a file need their database folder: --db-dir DIR "
+        "(db_dir=), holding {db_id}/{db_id}.sqlite",
+    ),
+}
+
+
+def register_layout(kind: str, layout: Layout) -> None:
+    """Read and count the prediction files of the tasks of ``kind`` (a kind's name) by ``layout``."""
+    _LAYOUTS[kind] = layout
+
+
+def layout_of(kind: type[BaseTask]) -> Layout:
+    """The :class:`Layout` of ``kind``'s prediction files; :class:`TaskKindError` when none is
+    registered."""
+    try:
+        return _LAYOUTS[kind.kind]
+    except KeyError:
+        raise TaskKindError(
+            f"no prediction file layout for {kind.kind} tasks; layouts exist for "
+            f"{', '.join(sorted(_LAYOUTS))}"
+        ) from None

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from birdenv.dialects import dialect_name, dialect_of
 from birdenv.errors import DatabaseNotFoundError, SchemaError
 from birdenv.files import identify
 from birdenv.sql import fold, referenced_tables
@@ -260,7 +261,7 @@ def render_schema(
                 f"{db_path} has no table {', '.join(sorted(map(repr, keep - known)))}; "
                 f"its tables are {', '.join(sorted(known))}"
             )
-    return _render(path, mtime_ns, rows, keep, dialect.lower())
+    return _render(path, mtime_ns, rows, keep, dialect_name(dialect))
 
 
 def _keys(text: str) -> set[str]:
@@ -467,7 +468,7 @@ def task_schema(
         raise TypeError(f"not a task: {type(task).__name__} (expected a birdenv.tasks.BaseTask)")
     options = options or PromptOptions()
     rows = SAMPLE_ROWS if options.sample_rows else 0
-    dialect = task.dialect.lower()
+    dialect = task.dialect
     if catalog is not None:
         keep = None
         if options.schema != "full":
@@ -482,7 +483,7 @@ def task_schema(
                 )
             )
         return _render_objects(catalog.objects, rows, keep, catalog.samples.__getitem__)
-    if task.db_dir is None and dialect == "postgresql":
+    if task.db_dir is None and not dialect_of(dialect).files:
         raise DatabaseNotFoundError(
             f"task {task.instance_id!r} has no database file (the official PostgreSQL layout): "
             "its schema is on the server, which BirdCritic-PostgreSQL-v0 reads it from; a prompt "

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from json.decoder import JSONDecoder
 from typing import Any
 
+from birdenv.dialects import dialect_of
 from birdenv.replicas.session import Result
 
 __all__ = [
@@ -119,15 +120,10 @@ Call a tool like this:
 <tool_call>{{"name": "submit_solution", "arguments": {{"sql_list": ["..."]}}}}</tool_call>"""
 
 
-#: How the tool section names each dialect (a task's ``dialect`` is compared without case).
-_DIALECT_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
-
-
 def tool_instructions(dialect: str = "SQLite") -> str:
     """The prompt's tool section for a database of ``dialect`` (``"sqlite"``, ``"PostgreSQL"``,
     ...): the two tools and how to call them."""
-    name = _DIALECT_NAMES.get(dialect.lower(), dialect)
-    return _TOOL_INSTRUCTIONS.format(dialect=name)
+    return _TOOL_INSTRUCTIONS.format(dialect=dialect_of(dialect).title)
 
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
@@ -201,13 +197,13 @@ def _parse_tool_call(text: str) -> ToolCall:
     if isinstance(arguments, str):  # some models emit the arguments JSON-encoded twice
         with contextlib.suppress(json.JSONDecodeError, RecursionError):
             arguments = json.loads(arguments)
-    key, kind = _PARAMETERS[name]
+    key, expected = _PARAMETERS[name]
     if not isinstance(arguments, dict) or len(arguments) != 1 or key not in arguments:
         raise ToolCallError(f"{name} takes exactly one argument, {key!r}")
     value = arguments[key]
-    if kind is str and not isinstance(value, str):
+    if expected is str and not isinstance(value, str):
         raise ToolCallError(f"{name}: {key!r} must be a string")
-    if kind is list and (not isinstance(value, list) or not all(isinstance(s, str) for s in value)):
+    if expected is list and (not isinstance(value, list) or not all(isinstance(s, str) for s in value)):
         raise ToolCallError(f"{name}: {key!r} must be a list of SQL strings")
     return ToolCall(name, {key: value})
 
@@ -226,13 +222,13 @@ def has_tool_call(text: str) -> bool:
 
 
 def _cell(value: Any) -> str:
-    kind = type(value)
-    # The common kinds first, by exact type: this runs for every value shown in every step.
-    if kind is str:
+    cls = type(value)
+    # The common types first, by exact type: this runs for every value shown in every step.
+    if cls is str:
         text = value
         if "\n" in text or "|" in text:
             text = text.replace("\n", "\\n").replace("|", "\\|")
-    elif kind is int:
+    elif cls is int:
         text = str(value)  # no newline or bar to escape
     elif value is None:
         return "NULL"

@@ -95,16 +95,14 @@ def completion_text(completion: str | list[dict[str, Any]]) -> str:
     )
 
 
-def score_submission(
-    task: Task | BirdTask, sql_list: list[str], *, isolate_gold: bool = True
-) -> Any:
+def score_submission(task: Task | BirdTask, sql_list: list[str], *, official: bool = False) -> Any:
     """The verdict on a submission, by the judge of the task's kind (:func:`birdenv.judge.score`):
     the BIRD-CRITIC judge's, or BIRD's execution accuracy.
 
     A BIRD question's answer is the last statement of ``sql_list`` (the rule of
-    ``BirdSQL-SQLite-v0``); an empty list fails without running anything. ``isolate_gold=True``
+    ``BirdSQL-SQLite-v0``); an empty list fails without running anything. ``official=False``
     (rewards, the default) runs the gold on an untouched state, as the environment rewards;
-    ``False`` is BIRD's official rule, for evaluation (:func:`birdenv.judge.ex.execution_accuracy`).
+    ``True`` is BIRD's official rule, for evaluation (:func:`birdenv.judge.ex.execution_accuracy`).
     Both verdicts have ``passed``, ``status``, ``fraction`` and ``to_dict()``.
 
     >>> from birdenv.tasks import load_tasks
@@ -114,7 +112,7 @@ def score_submission(
     >>> score_submission(question, []).status
     'failed'
     """
-    return score(task, sql_list, official=not isolate_gold)
+    return score(task, sql_list, official=official)
 
 
 def solution_reward(

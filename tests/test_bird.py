@@ -102,7 +102,7 @@ def test_ex_agrees_with_the_official_script(
 
 
 def test_isolated_gold_agrees_except_where_the_prediction_writes(shop_root: Path, pool) -> None:
-    """``isolate_gold=True`` gives the official verdict on every pair, except the reward hacks
+    """``official=False`` gives the official verdict on every pair, except the reward hacks
     (the prediction writes until the gold's result equals its own), which score 0."""
     wrong = []
     for row in PAIR_ROWS:
@@ -113,7 +113,7 @@ def test_isolated_gold_agrees_except_where_the_prediction_writes(shop_root: Path
             row["pred"],
             pool=pool,
             statement_timeout=row.get("timeout", 30.0),
-            isolate_gold=True,
+            official=False,
         )
         if verdict.correct != row.get("isolated", row["official"]):
             wrong.append(f"{row['id']}: {verdict.correct} ({row['note']})")
@@ -163,15 +163,15 @@ def test_a_writing_prediction_cannot_win_with_an_isolated_gold(shop_root: Path, 
     task = shop_task("SELECT id FROM orders WHERE total > 100", shop_root)
     # The hack is real under the official rule: the gold, run after the DELETE, is empty too.
     assert execution_accuracy(task, "DELETE FROM orders", pool=pool).correct
-    safe = execution_accuracy(task, "DELETE FROM orders", pool=pool, isolate_gold=True)
+    safe = execution_accuracy(task, "DELETE FROM orders", pool=pool, official=False)
     assert (safe.correct, safe.phase, safe.pred_rows, safe.gold_rows) == (False, "mismatch", 0, 2)
     # The gold's outcome is kept per database content and SQL: the second time it does not run.
-    again = execution_accuracy(task, "SELECT id FROM big_orders", pool=pool, isolate_gold=True)
+    again = execution_accuracy(task, "SELECT id FROM big_orders", pool=pool, official=False)
     assert again.correct and again.timings["gold"] == 0.0
     # A failing gold is a verdict in both modes.
     bad = shop_task("SELECT nope FROM orders", shop_root)
-    for isolate in (False, True):
-        verdict = execution_accuracy(bad, "SELECT 1", pool=pool, isolate_gold=isolate)
+    for official in (True, False):
+        verdict = execution_accuracy(bad, "SELECT 1", pool=pool, official=official)
         assert (verdict.correct, verdict.phase) == (False, "gold")
 
 

@@ -44,10 +44,10 @@ def test_pairs_of_both_kinds_come_back_in_order() -> None:
 def test_a_dialect_without_a_judge_is_named() -> None:
     task = dataclasses.replace(load_tasks("critic-mini")[0], dialect="Nowhere")
     with pytest.raises(
-        TaskKindError, match=r"no judge for critic tasks in Nowhere .*critic in sqlite"
+        TaskKindError, match=r"no judge for critic tasks in nowhere .*critic in sqlite"
     ):
         score(task, task.sol_sql)
-    with pytest.raises(TaskKindError, match="no judge for critic tasks in Nowhere"):
+    with pytest.raises(TaskKindError, match="no judge for critic tasks in nowhere"):
         score_many([(task, task.sol_sql)])
 
 
@@ -67,7 +67,8 @@ def test_a_registered_judge_scores_its_dialect() -> None:
             ]
         )
 
-    register_scorer("critic", "elsewhere", Scorer(one, many, statement_timeout=7.0))
+    options = frozenset({"official", "ray"})  # the keywords its two functions take
+    register_scorer("critic", "elsewhere", Scorer(one, many, 7.0, options=options))
     try:
         assert scorer_for(task).statement_timeout == 7.0
         assert score(task, task.sol_sql, official=True).passed

@@ -40,7 +40,8 @@ def test_the_postgresql_suites_sizes_categories_and_disjointness(both: dict) -> 
     assert len(gym) >= 80 and len(critic) >= 40
     assert not {t.instance_id for t in gym} & {t.instance_id for t in critic}
     assert not {tuple(t.issue_sql) for t in gym} & {tuple(t.issue_sql) for t in critic}
-    assert {t.dialect for t in gym + critic} == {"PostgreSQL"}
+    assert {t.dialect for t in gym + critic} == {"postgresql"}
+    assert {t.to_dict()["dialect"] for t in gym + critic} == {"PostgreSQL"}
     for tasks in (gym, critic):
         counts = Counter(t.category for t in tasks)
         assert counts["Management"] / len(tasks) >= 0.10, counts

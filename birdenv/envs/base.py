@@ -180,9 +180,9 @@ class ToolEnv(gym.Env[str, str]):
                 f"{type(wrong).__name__}: use {getattr(wrong, 'env_id', 'another environment')} "
                 "(or birdenv.envs.task_env for tasks of several kinds)"
             )
-        foreign = next((t for t in tasks if t.dialect.lower() not in self.dialects), None)
+        foreign = next((t for t in tasks if t.dialect not in self.dialects), None)
         if foreign is not None:
-            home = ENVIRONMENTS.get((foreign.kind, foreign.dialect.lower()))
+            home = ENVIRONMENTS.get((foreign.kind, foreign.dialect))
             raise TaskKindError(
                 f"{name} plays tasks on {' or '.join(self.dialects)}, but {foreign.instance_id!r} "
                 f"is a {foreign.dialect} task: use "

@@ -45,7 +45,7 @@ class BirdSQLEnv(ToolEnv):
     malformed calls give 0. ``sql_list`` should hold one statement; when it holds more, **only the
     last one is the answer** and the others are ignored (not run); an empty list scores 0.
 
-    The gold query runs on a pristine state of its own (``isolate_gold=True``, its result cached
+    The gold query runs on a pristine state of its own (``official=False``, its result cached
     per question), not after the submission on the same state as the official script does: there
     a submission that writes (``DELETE FROM t``) can empty the gold's result and then equal it, a
     reward hack. Here writes only reach the submission's own result. On every submission that

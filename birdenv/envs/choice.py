@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 # The environment classes register themselves in ENVIRONMENTS as they are defined: import them all.
+from birdenv.dialects import dialect_name
 from birdenv.envs import bird_sql, critic, critic_pg  # noqa: F401
 from birdenv.envs.base import ENVIRONMENTS, ToolEnv
 from birdenv.errors import TaskKindError
@@ -24,7 +25,7 @@ def env_class_for(task: BaseTask | type[BaseTask]) -> type[ToolEnv]:
     >>> env_class_for(BirdTask).__name__, env_class_for(load_tasks("critic-mini-pg")[0]).__name__
     ('BirdSQLEnv', 'BirdCriticPgEnv')
     """
-    key = (task.kind, str(task.dialect).lower())
+    key = (task.kind, dialect_name(task.dialect))
     try:
         return ENVIRONMENTS[key]
     except KeyError:

@@ -7,6 +7,7 @@ import weakref
 from pathlib import Path
 from typing import Any, ClassVar
 
+from birdenv.dialects import POSTGRESQL
 from birdenv.envs.critic import BirdCriticEnv
 from birdenv.errors import ArgumentError, DatabaseNotFoundError
 from birdenv.schema import ServerCatalog, read_server_catalog
@@ -75,7 +76,7 @@ class BirdCriticPgEnv(BirdCriticEnv):
             kwargs["pool_options"] = {**(kwargs.get("pool_options") or {}), "dsn": pg_dsn}
         super().__init__(suite, tasks=tasks, **kwargs)
         self.tasks = [
-            t if t.dialect.lower() == "postgresql" else dataclasses.replace(t, dialect="PostgreSQL")
+            t if t.dialect == POSTGRESQL.name else dataclasses.replace(t, dialect=POSTGRESQL.name)
             for t in self.tasks
         ]
         self._by_id = {str(t.instance_id): t for t in self.tasks}

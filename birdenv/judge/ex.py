@@ -2,7 +2,7 @@
 
 :func:`execution_accuracy` is BIRD's official rule: the prediction and the gold run on the same
 fresh state, prediction first, and the answer is correct when ``set(rows)`` are equal. With
-``isolate_gold=True`` (what rewards use) the gold runs on a pristine state of its own instead, so
+``official=False`` (what rewards use) the gold runs on a pristine state of its own instead, so
 a prediction that writes cannot change what it is compared with. :func:`score_submission` is the
 rule for a submitted ``sql_list`` (the environment's, the rewards' and evaluation's): an empty
 list fails, otherwise the last statement is the answer.
@@ -100,7 +100,7 @@ class _TooLong(Exception):
 
 # How many SQLite VM instructions run between deadline checks.
 _PROGRESS_STEPS = 2_000
-# Gold results kept for ``isolate_gold`` (LRU): ``(base sha256, gold SQL) -> outcome``.
+# Gold results kept for ``official=False`` (LRU): ``(base sha256, gold SQL) -> outcome``.
 _GOLD_CACHE: OrderedDict[tuple[str, str], _Outcome] = OrderedDict()
 _GOLD_CACHE_SIZE = 4096
 _GOLD_CACHE_MAX_ROWS = 100_000  # larger results are recomputed rather than kept in memory
@@ -212,7 +212,7 @@ def execution_accuracy(
     *,
     pool: ReplicaPool | None = None,
     statement_timeout: float | None = 30.0,
-    isolate_gold: bool = False,
+    official: bool = True,
 ) -> ExVerdict:
     """BIRD's execution accuracy of ``pred_sql`` for ``task``, as the official evaluator scores it.
 
@@ -226,10 +226,10 @@ def execution_accuracy(
     never exceptions. ``tests/fixtures/bird_ex`` holds the borderline cases checked against the
     official scripts.
 
-    ``isolate_gold=False`` (the default) is the official rule, for evaluation: because the gold
+    ``official=True`` (the default) is the official rule, for evaluation: because the gold
     runs after the prediction on the same state, a prediction that writes changes what it is
     compared with (``DELETE FROM t`` empties the gold's result and then equals it). That is a
-    reward hack, so rewards use ``isolate_gold=True``: the gold runs on a pristine state of its
+    reward hack, so rewards use ``official=False``: the gold runs on a pristine state of its
     own (its outcome cached per database content and gold SQL), and the prediction's writes only
     ever reach the prediction's own result. The two agree on every prediction that does not write.
     """
@@ -247,10 +247,10 @@ def execution_accuracy(
     with session:
         pred = _outcome(session, pred_sql, "prediction", statement_timeout)
         verdict.timings["prediction"] = pred.seconds
-        if pred.phase is None and not isolate_gold:
+        if pred.phase is None and official:
             gold = _outcome(session, task.SQL, "gold", statement_timeout)
             verdict.timings["gold"] = gold.seconds
-    if pred.phase is None and isolate_gold:
+    if pred.phase is None and not official:
         try:
             gold, cached = _pristine_gold(task, base, pool, statement_timeout)
         except (BirdEnvError, sqlite3.Error, OSError) as exc:
@@ -277,9 +277,9 @@ def execution_accuracy(
 
 def _ex_job(pool: ReplicaPool | None, job: tuple[BirdTask, str, float | None, bool]) -> ExVerdict:
     """One :func:`execution_accuracy_many` pair (module level: workers get it by name)."""
-    task, pred_sql, statement_timeout, isolate_gold = job
+    task, pred_sql, statement_timeout, official = job
     return execution_accuracy(
-        task, pred_sql, pool=pool, statement_timeout=statement_timeout, isolate_gold=isolate_gold
+        task, pred_sql, pool=pool, statement_timeout=statement_timeout, official=official
     )
 
 
@@ -293,7 +293,7 @@ def execution_accuracy_many(
     *,
     processes: int | None = None,
     statement_timeout: float | None = 30.0,
-    isolate_gold: bool = False,
+    official: bool = True,
     ray: bool = False,
 ) -> Iterator[ExVerdict]:
     """:func:`execution_accuracy` of many ``(task, pred_sql)`` pairs, in order, over ``processes``.
@@ -305,7 +305,7 @@ def execution_accuracy_many(
     start raises :class:`~birdenv.errors.WorkerStartError`. ``ray=True`` runs the workers as Ray
     actors over the cluster (``processes`` of them, default one per CPU of the cluster).
     """
-    work = [(task, pred, statement_timeout, isolate_gold) for task, pred in jobs]
+    work = [(task, pred, statement_timeout, official) for task, pred in jobs]
     if not ray and (processes or 1) <= 1:
         for job in work:
             yield _ex_job(None, job)
@@ -343,13 +343,13 @@ def score_submission(
     *,
     pool: ReplicaPool | None = None,
     statement_timeout: float | None = 30.0,
-    isolate_gold: bool = True,
+    official: bool = False,
 ) -> ExVerdict:
     """The verdict on a submitted ``sql_list`` for a BIRD question: the one submission rule.
 
     The last statement is the answer and the others are not run (a string is one statement); an
     empty list fails without running anything. The answer is scored by
-    :func:`execution_accuracy`; ``isolate_gold=True`` (the default: environments and rewards)
+    :func:`execution_accuracy`; ``official=False`` (the default: environments and rewards)
     keeps a submission that writes from changing the gold's result.
 
     >>> from birdenv.tasks import load_bird
@@ -363,7 +363,7 @@ def score_submission(
     if answer is None:
         return _no_answer(task)
     return execution_accuracy(
-        task, answer, pool=pool, statement_timeout=statement_timeout, isolate_gold=isolate_gold
+        task, answer, pool=pool, statement_timeout=statement_timeout, official=official
     )
 
 
@@ -372,7 +372,7 @@ def score_many(
     *,
     processes: int | None = None,
     statement_timeout: float | None = 30.0,
-    isolate_gold: bool = True,
+    official: bool = False,
     ray: bool = False,
 ) -> Iterator[ExVerdict]:
     """:func:`score_submission` of many ``(task, sql_list)`` pairs, in order, over ``processes``
@@ -382,7 +382,7 @@ def score_many(
         ((task, answer) for task, answer in answers if answer is not None),
         processes=processes,
         statement_timeout=statement_timeout,
-        isolate_gold=isolate_gold,
+        official=official,
         ray=ray,
     )
     for task, answer in answers:

@@ -158,10 +158,10 @@ def preprocess_results(results: Any, decimal_places: int = 2) -> list[tuple[Any,
         items = []
         for item in row:
             # SQLite's own types by their exact type first: most cells of most results.
-            kind = type(item)
-            if kind in _UNCHANGED:
+            cls = type(item)
+            if cls in _UNCHANGED:
                 items.append(item)
-            elif kind is float:
+            elif cls is float:
                 items.append(round(item, decimal_places))
             else:
                 items.append(_normalise(item, decimal_places))

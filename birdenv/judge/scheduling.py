@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from birdenv.dialects import POSTGRESQL
 from birdenv.errors import BirdEnvError
 from birdenv.judge.cache import JudgeCache, schedule_key
 from birdenv.judge.instance import Verdict, judge
@@ -130,7 +131,7 @@ def validate_tasks(
     first phase too, which fails the instance when the issue SQL passes the tests: one verdict
     checks both. ``progress`` wraps the verdict stream (a progress bar).
     """
-    if any(t.dialect.lower() == "postgresql" for t in tasks):
+    if any(t.dialect == POSTGRESQL.name for t in tasks):
         from birdenv.judge.postgres import validate_pg_tasks  # psycopg: PostgreSQL tasks only
 
         return validate_pg_tasks(tasks, processes=processes)

@@ -26,6 +26,7 @@ from birdenv.tasks.critic import (
 )
 from birdenv.tasks.loaders import load_tasks, source_kind, task_kinds
 from birdenv.tasks.protocol import BaseTask, Judgement, Mentions
+from birdenv.tasks.registry import register_kind
 
 __all__ = [
     "BIRD_SUITES",
@@ -41,6 +42,7 @@ __all__ = [
     "load_bird",
     "load_tasks",
     "parse_task",
+    "register_kind",
     "source_kind",
     "split_sql_field",
     "task_kinds",

@@ -23,6 +23,7 @@ from birdenv.compat import db_dir_argument
 from birdenv.errors import DatabaseNotFoundError, TaskFormatError, UnknownSuiteError
 from birdenv.rows import open_row, plain_db_id, read_rows
 from birdenv.tasks.protocol import BaseTask, Mentions
+from birdenv.tasks.registry import register_kind
 
 __all__ = [
     "BIRD_SEPARATOR",
@@ -102,6 +103,10 @@ class BirdTask(BaseTask):
     def category(self) -> str:
         """The difficulty: simple, moderate or challenging (empty when the row has none)."""
         return self.difficulty
+
+    def verdict_fields(self) -> dict[str, Any]:
+        """The question's id, database and difficulty, as BIRD's reports name them."""
+        return {"question_id": self.question_id, "db_id": self.db_id, "difficulty": self.category}
 
     @property
     def preprocess_sql(self) -> list[str]:
@@ -264,3 +269,6 @@ def load_bird(
             seen[item.question_id] = str(path)
             tasks.append(item)
     return tasks
+
+
+register_kind(BirdTask)

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from birdenv.dialects import dialect_name, dialect_of
 from birdenv.errors import DatabaseNotFoundError, TaskFormatError
 from birdenv.rows import open_row, plain_db_id, read_rows
 from birdenv.tasks.protocol import BaseTask, Mentions
@@ -48,7 +49,7 @@ class Task(BaseTask):
 
     >>> task = Task.load("critic-mini")[0]
     >>> task.kind, task.metric, task.category in task.categories, task.dialect
-    ('critic', 'SR', True, 'SQLite')
+    ('critic', 'SR', True, 'sqlite')
     """
 
     kind = "critic"
@@ -74,11 +75,16 @@ class Task(BaseTask):
     test_cases: list[str] = dataclasses.field(default_factory=list, repr=False)
     conditions: dict[str, Any] = dataclasses.field(default_factory=dict)
     category: str = "Query"
-    dialect: str = "SQLite"
+    #: The dialect's name (:func:`birdenv.dialects.dialect_name`: a row's ``"SQLite"`` is
+    #: ``"sqlite"``); :meth:`to_dict` writes it as official rows spell it.
+    dialect: str = "sqlite"
     efficiency: bool = False
     external_data: Any = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
     db_dir: Path | None = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dialect", dialect_name(self.dialect))
 
     @property
     def db_path(self) -> Path:
@@ -138,6 +144,7 @@ class Task(BaseTask):
         """The task as an official JSONL row (lists, not ``[split]`` strings)."""
         row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         row.pop("db_dir")
+        row["dialect"] = dialect_of(self.dialect).title
         extra = row.pop("extra")
         return {**extra, **row}
 
@@ -214,7 +221,7 @@ def parse_task(
     if not isinstance(category, str):
         raise fail("category", "not a string")
     kwargs["category"] = category
-    kwargs["dialect"] = str(data.pop("dialect", "SQLite") or "SQLite")
+    kwargs["dialect"] = str(data.pop("dialect", "sqlite") or "sqlite")
     kwargs["efficiency"] = bool(data.pop("efficiency", False))
     kwargs["external_data"] = data.pop("external_data", None)
     return Task(**kwargs, extra=data, db_dir=Path(db_dir) if db_dir is not None else None)

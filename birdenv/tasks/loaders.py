@@ -9,21 +9,25 @@ from birdenv.errors import UnknownSuiteError
 from birdenv.rows import read_rows
 from birdenv.tasks.critic import Task
 from birdenv.tasks.protocol import BaseTask
+from birdenv.tasks.registry import registered_kinds
 
 __all__ = ["load_tasks", "source_kind", "task_kinds"]
 
 
 def task_kinds() -> tuple[type[BaseTask], ...]:
-    """Every kind of task, the most specific first: :class:`~birdenv.tasks.BirdTask`, :class:`~birdenv.tasks.Task`."""
-    from birdenv.tasks.bird import BirdTask  # on first use: `import birdenv` stays light
+    """Every kind of task, a file's first row matched in this order: the registered kinds
+    (:class:`~birdenv.tasks.BirdTask` and any :func:`~birdenv.tasks.register_kind` added), then debugging tasks
+    (:class:`~birdenv.tasks.Task`), whose rows name few fields: every other object row."""
+    # BIRD questions register on first use: `import birdenv` stays light.
+    import birdenv.tasks.bird  # noqa: F401
 
-    return (BirdTask, Task)
+    return (*registered_kinds(), Task)
 
 
 def source_kind(source: str | Path) -> type[BaseTask]:
     """The kind of the tasks a bundled suite's name or a task file holds.
 
-    A file's kind is its first row's: BIRD's rows carry ``question_id`` and ``SQL``, debugging
+    A file holds the kind of its first row: BIRD's rows carry ``question_id`` and ``SQL``, debugging
     tasks do not. Raises :class:`UnknownSuiteError` for a name that is neither a suite nor a file.
 
     >>> source_kind("bird-mini-eval").kind, source_kind("gym-mini").kind

@@ -32,6 +32,12 @@ class Judgement(Protocol):
     @property
     def fraction(self) -> float: ...
 
+    @property
+    def tests_passed(self) -> int: ...
+
+    @property
+    def tests_total(self) -> int: ...
+
     def to_dict(self) -> dict[str, Any]: ...
 
 
@@ -61,7 +67,8 @@ class BaseTask(abc.ABC):
 
     Per task: ``instance_id``, ``db_id``, ``db_dir``, :attr:`dialect`, :attr:`db_path`,
     :attr:`category`, ``preprocess_sql`` (what prepares an episode's starting state),
-    :meth:`prompt_sections` (and :meth:`prompt_text`), :meth:`mentions` and :meth:`to_dict`.
+    :meth:`prompt_sections` (and :meth:`prompt_text`), :meth:`mentions`, :meth:`verdict_fields`
+    and :meth:`to_dict`.
     """
 
     kind: ClassVar[str]
@@ -76,8 +83,8 @@ class BaseTask(abc.ABC):
     suites: ClassVar[tuple[str, ...]]
     eval_suite: ClassVar[str]
 
-    #: The SQL dialect of the task's database, compared without regard to case (a debugging
-    #: task keeps its row's spelling, ``"SQLite"``).
+    #: The name of the SQL dialect of the task's database (:mod:`birdenv.dialects`: lower case,
+    #: whatever the row's spelling).
     dialect: str = "sqlite"
 
     instance_id: str
@@ -102,6 +109,10 @@ class BaseTask(abc.ABC):
     def prompt_text(self) -> str:
         """:meth:`prompt_sections` as prompt text: a ``# heading:`` line above each part."""
         return "\n\n".join(f"# {heading}:\n{text}" for heading, text in self.prompt_sections())
+
+    def verdict_fields(self) -> dict[str, Any]:
+        """What a verdict row says of its task besides the verdict (:mod:`birdenv.predictions`)."""
+        return {"category": self.category}
 
     @abc.abstractmethod
     def mentions(self) -> Mentions:

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from birdtrain.config import CurriculumConfig
+from birdtrain.data import make_teacher
+from birdtrain.data.kinds import by_kind, training_kind
 from birdtrain.data.mixture import load_sources, mix_tasks, split_holdout
 
 __all__ = [
@@ -94,17 +96,16 @@ def heldout_loss(
 
 
 def _stage1_examples(tasks: Sequence[Any], cfg: CurriculumConfig) -> dict[str, dict[str, Any]]:
-    """Stage-1 examples for ``tasks`` of either kind, by task id (offline or the teacher)."""
-    from birdenv.tasks import BirdTask, Task
-    from birdtrain.data import build_reasoning_examples, make_teacher
-    from birdtrain.data.bird import build_bird_reasoning_examples
-
+    """Stage-1 examples for ``tasks`` of any kind (each by its
+    :class:`~birdtrain.data.kinds.TrainingKind`), by task id (offline or the teacher)."""
     teacher = make_teacher(cfg)
-    critic = [t for t in tasks if isinstance(t, Task)]
-    bird = [t for t in tasks if isinstance(t, BirdTask)]
-    examples = build_reasoning_examples(critic, teacher=teacher, progress=False) if critic else []
-    if bird:
-        examples += build_bird_reasoning_examples(bird, teacher=teacher)
+    examples = [
+        example
+        for kind, group in by_kind(tasks).items()
+        for example in training_kind(kind).reasoning_examples(
+            group, teacher=teacher, progress=False
+        )
+    ]
     return {e["task_id"]: e for e in examples}
 
 

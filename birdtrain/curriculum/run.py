@@ -166,8 +166,8 @@ def _evaluations(cfg: CurriculumConfig, label: str) -> list[_Evaluation]:
     first ``eval.train_tasks`` training tasks, then on the evaluation tasks, then BIRD questions
     when there are any."""
     held_out = tasks_for(cfg, "eval")
-    kind = type(held_out[0])
-    fit = [t for t in tasks_for(cfg, "train") if type(t) is kind][: cfg.eval.train_tasks]
+    kind = held_out[0].kind
+    fit = [t for t in tasks_for(cfg, "train") if t.kind == kind][: cfg.eval.train_tasks]
     fit = list({t.instance_id: t for t in fit}.values())  # a mixture may draw a task twice
     suffixes = ["" if i == 0 else f"-{mode}" for i, mode in enumerate(cfg.eval.modes)]
     modes = list(zip(suffixes, cfg.eval.modes, strict=True))

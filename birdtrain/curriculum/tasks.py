@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from birdenv.tasks import BIRD_SUITES, load_tasks, source_kind
 from birdtrain.config import CurriculumConfig
+from birdtrain.data import load_train_tasks
 
 __all__ = ["bird_eval_suite", "rl_tasks", "tasks_for"]
+
+#: The evaluation suite of BIRD questions (``data.bird_eval_suite: auto``).
+BIRD_EVAL = "bird-mini-eval"
 
 
 def tasks_for(cfg: CurriculumConfig, which: str) -> list:
     """The training tasks (a mixture's draw, or the train suite), the evaluation tasks (either
     kind), or ``"bird_eval"``: the BIRD questions scored for execution accuracy (may be empty)."""
-    from birdenv.tasks import load_tasks
-    from birdtrain.data import load_train_tasks
-
     if which == "train":
         return load_train_tasks(cfg)
     if which == "bird_eval":
@@ -32,8 +34,6 @@ def rl_tasks(cfg: CurriculumConfig, stage: str) -> list:
 
 def bird_eval_suite(cfg: CurriculumConfig) -> str | None:
     """``data.bird_eval_suite``; ``auto``: bird-mini-eval when training sees BIRD questions."""
-    from birdenv.tasks import BIRD_SUITES
-
     suite = cfg.data.bird_eval_suite
     if suite != "auto":
         return suite or None
@@ -44,10 +44,5 @@ def bird_eval_suite(cfg: CurriculumConfig) -> str | None:
         names = list(mixture) if mixture else [cfg.data.train_suite]
     if cfg.data.eval_suite in BIRD_SUITES:
         return None  # the main evaluation already scores BIRD questions
-    return "bird-mini-eval" if any(_is_bird_source(n) for n in names) else None
-
-
-def _is_bird_source(name: str) -> bool:
-    from birdenv.tasks import BirdTask, source_kind
-
-    return source_kind(name) is BirdTask
+    # bird-mini-eval when a source holds the kind of task it evaluates.
+    return BIRD_EVAL if any(source_kind(n).eval_suite == BIRD_EVAL for n in names) else None

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from birdtrain.config import CurriculumConfig
+from birdtrain.data.kinds import by_kind, training_kind
 from birdtrain.data.reasoning import build_reasoning_examples
 from birdtrain.data.tool_use import build_tool_trajectories
 from birdtrain.endpoint import Teacher, TeacherError
@@ -93,54 +95,33 @@ def synth(cfg: CurriculumConfig, out_dir: str | Path) -> dict[str, Any]:
     """Write ``out_dir/stage1.jsonl`` and ``out_dir/stage2.jsonl`` for a curriculum config.
 
     Tasks come from ``cfg.data`` (train suite, ``max_train_tasks``); the teacher too, when
-    ``data.teacher_url`` is set. Stage-2 episodes get ``cfg.stage4.max_turns`` turns, the budget
-    the policy has in stage 4. Returns the counts (tasks, examples kept, what was dropped and why)
-    and the two paths.
+    ``data.teacher_url`` is set. Each kind's examples are built by its
+    :class:`~birdtrain.data.kinds.TrainingKind`. Stage-2 episodes get ``cfg.stage4.max_turns``
+    turns, the budget the policy has in stage 4. Returns the counts (tasks, ``<kind>_tasks`` of
+    each kind, examples kept, what was dropped and why, summed over the kinds) and the two paths.
     """
-    from birdenv.tasks import BirdTask, Task
-    from birdtrain.data.bird import build_bird_reasoning_examples, build_bird_tool_trajectories
-
     out_dir = Path(out_dir)
     tasks = load_train_tasks(cfg)
     teacher = make_teacher(cfg)
+    prompt = cfg.prompt.options()
+    stage1: list[dict[str, Any]] = []
+    stage2: list[dict[str, Any]] = []
+    stage1_stats: Counter[str] = Counter()
+    stage2_stats: Counter[str] = Counter()
+    kinds: dict[str, int] = {}
     # A mixture may draw a task twice: build each task's examples once, then follow the draw.
     unique = list({t.instance_id: t for t in tasks}.values())
-    critic = [t for t in unique if isinstance(t, Task)]
-    bird = [t for t in unique if isinstance(t, BirdTask)]
-    stage1_stats: dict[str, int] = {}
-    stage2_stats: dict[str, int] = {}
-    prompt = cfg.prompt.options()
-    rows = cfg.data.thought_rows
-    stage1 = (
-        build_reasoning_examples(
-            critic, teacher=teacher, stats=stage1_stats, prompt=prompt, thought_rows=rows
+    for kind, group in by_kind(unique).items():
+        training, stats1, stats2 = training_kind(kind), {}, {}
+        kinds[f"{kind}_tasks"] = len(group)
+        stage1 += training.reasoning_examples(
+            group, teacher=teacher, stats=stats1, prompt=prompt, thought_rows=cfg.data.thought_rows
         )
-        if critic
-        else []
-    )
-    stage2 = (
-        build_tool_trajectories(
-            critic,
-            teacher=teacher,
-            max_turns=cfg.stage4.max_turns,
-            stats=stage2_stats,
-            prompt=prompt,
+        stage2 += training.tool_trajectories(
+            group, teacher=teacher, max_turns=cfg.stage4.max_turns, stats=stats2, prompt=prompt
         )
-        if critic
-        else []
-    )
-    kinds: dict[str, Any] = {}
-    if bird:
-        bird1: dict[str, int] = {}
-        bird2: dict[str, int] = {}
-        stage1 += build_bird_reasoning_examples(
-            bird, teacher=teacher, stats=bird1, prompt=prompt, thought_rows=rows
-        )
-        stage2 += build_bird_tool_trajectories(
-            bird, teacher=teacher, max_turns=cfg.stage4.max_turns, stats=bird2, prompt=prompt
-        )
-        kinds = {"critic_tasks": len(critic), "bird_tasks": len(bird)}
-        kinds["bird_stage1_stats"], kinds["bird_stage2_stats"] = bird1, bird2
+        stage1_stats.update(stats1)
+        stage2_stats.update(stats2)
     # The files follow the draw: its order interleaves the sources, and a task drawn twice counts twice.
     stage1, stage2 = _follow(tasks, stage1), _follow(tasks, stage2)
     return {
@@ -149,8 +130,8 @@ def synth(cfg: CurriculumConfig, out_dir: str | Path) -> dict[str, Any]:
         "teacher": None if teacher is None else f"{teacher.model} at {teacher.endpoint}",
         "stage1": len(stage1),
         "stage2": len(stage2),
-        "stage1_stats": stage1_stats,
-        "stage2_stats": stage2_stats,
+        "stage1_stats": dict(stage1_stats),
+        "stage2_stats": dict(stage2_stats),
         **kinds,
         "stage1_path": str(write_jsonl(stage1, out_dir / "stage1.jsonl")),
         "stage2_path": str(write_jsonl(stage2, out_dir / "stage2.jsonl")),

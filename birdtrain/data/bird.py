@@ -26,6 +26,7 @@ from typing import Any
 
 import gymnasium as gym
 from sqlglot import exp
+from tqdm.auto import tqdm
 
 import birdenv  # noqa: F401 - registers BirdSQL-SQLite-v0
 from birdenv.agents import SCHEMA_QUERY
@@ -168,12 +169,14 @@ def build_bird_reasoning_examples(
     stats: dict[str, int] | None = None,
     prompt: Any = None,
     thought_rows: int = 3,
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Stage-1 examples for BIRD questions; only those execution accuracy accepts are kept.
 
     ``stats``, when given, is filled with ``tasks``, ``kept``, ``failed_judge``, ``empty_thought``.
     ``prompt``: how the prompts show the database (the run's one prompt setting).
     ``thought_rows``: result rows an offline thought quotes (0: only their count and columns).
+    ``progress``: a progress bar over the questions.
     """
     from birdtrain.data.reasoning import _clean_teacher_thought
     from birdtrain.prompts import format_answer, parse_solution, single_turn_prompt
@@ -182,7 +185,7 @@ def build_bird_reasoning_examples(
     pool = pool or default_pool()
     counts = {"tasks": 0, "kept": 0, "failed_judge": 0, "empty_thought": 0}
     examples = []
-    for task in tasks:
+    for task in tqdm(tasks, desc="stage-1 thoughts (BIRD)", disable=not progress):
         counts["tasks"] += 1
         evidence = gather_bird_evidence(task, pool)
         if teacher is not None:
@@ -307,10 +310,12 @@ def build_bird_tool_trajectories(
     teacher_params: dict[str, Any] | None = None,
     stats: dict[str, int] | None = None,
     prompt: Any = None,
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Stage-2 trajectories for BIRD questions, each played in a real ``BirdSQL-SQLite-v0`` episode.
 
-    ``prompt``: the environment's prompt options (the run's one prompt setting).
+    ``prompt``: the environment's prompt options (the run's one prompt setting); ``progress``: a
+    progress bar over the questions.
 
     ``teacher`` plays when given, else :class:`BirdExpert`. Episodes that end without a correct
     submission are dropped. ``stats``, when given, is filled with ``tasks``, ``kept``,
@@ -329,7 +334,7 @@ def build_bird_tool_trajectories(
             prompt_options=prompt,
         )
         try:
-            for task in task_list:
+            for task in tqdm(task_list, desc="stage-2 trajectories (BIRD)", disable=not progress):
                 if teacher is not None:
                     act = functools.partial(_teacher_turn, teacher, task, teacher_params or {})
                 else:

@@ -21,6 +21,7 @@ import sqlglot
 from sqlglot import exp
 
 from birdenv.agents import SCHEMA_QUERY
+from birdenv.dialects import SQLITE
 from birdenv.replicas.pool import ReplicaPool
 from birdenv.replicas.session import Session
 from birdenv.sql import quiet_sqlglot, referenced_tables
@@ -312,8 +313,8 @@ def gather_evidence(task: Task, pool: ReplicaPool) -> Evidence:
     a :class:`~birdenv.judge.postgres.TaskDatabases`. Raises
     :class:`birdenv.errors.PreprocessError` when the task's ``preprocess_sql`` fails.
     """
-    dialect = task.dialect.lower()
-    if dialect != "sqlite" and isinstance(pool, ReplicaPool):
+    dialect = task.dialect
+    if dialect != SQLITE.name and isinstance(pool, ReplicaPool):
         from birdenv.judge.postgres import default_task_databases  # psycopg: PostgreSQL only
 
         pool = default_task_databases()

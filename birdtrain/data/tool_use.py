@@ -25,6 +25,7 @@ import gymnasium as gym
 
 import birdenv  # noqa: F401 - registers BirdCritic-SQLite-v0
 from birdenv.agents import SCHEMA_QUERY
+from birdenv.dialects import SQLITE
 from birdenv.envs import env_groups, env_id_for
 from birdenv.errors import PreprocessError
 from birdenv.replicas.pool import ReplicaPool, default_pool
@@ -156,7 +157,7 @@ class OfflineExpert(PlannedExpert):
         if budget >= 3:
             # An expert first looks at what the database holds; with few turns it goes straight
             # to reproducing the problem.
-            steps.append(("schema", SCHEMA_QUERIES.get(task.dialect.lower(), SCHEMA_QUERY)))
+            steps.append(("schema", SCHEMA_QUERIES.get(task.dialect, SCHEMA_QUERY)))
         if budget >= 1 and task.issue_sql:
             steps.append(("issue", task.issue_sql[0]))
         tries: list[tuple[str, str]] = []
@@ -322,7 +323,7 @@ def build_tool_trajectories(
             tasks=group,
             max_episode_steps=max_turns,
             prompt_options=prompt,
-            **({"pool": pool} if group[0].dialect.lower() == "sqlite" else {}),
+            **({"pool": pool} if group[0].dialect == SQLITE.name else {}),
         )
         for env_id, group in env_groups(task_list).items()
     }

@@ -10,9 +10,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from birdenv.replicas.pool import default_pool
 from birdenv.tasks import Task
-from birdenv.tasks.bird import BirdTask
 from birdtrain.config import EvaluationConfig
+from birdtrain.data.kinds import training_kind
 from birdtrain.policies import EndpointPolicy
 from birdtrain.rollout import Episode
 from birdtrain.timeline import Timeline
@@ -27,22 +28,15 @@ Act = Callable[[str, dict[str, Any]], str]
 
 # -- agents that act in a plain env, one per worker thread --------------------------------------
 def _reference_agent(policy: str, max_turns: int) -> Callable[[Task], Act]:
-    """``oracle`` and ``echo`` are :mod:`birdenv.agents` (on BIRD questions,
-    :func:`birdtrain.data.bird.bird_reference_turns`); ``scripted`` is stage 2's offline expert,
-    which explores with real evidence before it submits the known fix (or the gold query)."""
-    from birdenv.agents import AGENTS
-    from birdenv.replicas.pool import default_pool
-    from birdtrain.data.bird import BirdExpert, bird_reference_turns, gather_bird_evidence
-    from birdtrain.data.evidence import gather_evidence
-    from birdtrain.data.tool_use import OfflineExpert
+    """``oracle`` and ``echo`` play each kind's reference turns and ``scripted`` its offline
+    expert, which explores with real evidence before it submits the known fix (or the gold
+    query): both the task's :class:`~birdtrain.data.kinds.TrainingKind`'s."""
 
     def agent(task: Task) -> Act:
-        bird = isinstance(task, BirdTask)
-        if policy == "scripted" and bird:
-            return BirdExpert(task, gather_bird_evidence(task, default_pool()), max_turns).act
+        training = training_kind(task.kind)
         if policy == "scripted":
-            return OfflineExpert(task, gather_evidence(task, default_pool()), max_turns).act
-        planned = iter(bird_reference_turns(policy, task) if bird else AGENTS[policy]().turns(task))
+            return training.expert(task, default_pool(), max_turns).act
+        planned = iter(training.reference_turns(policy, task))
         return lambda observation, info: next(planned)
 
     return agent

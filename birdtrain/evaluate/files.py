@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from birdenv.errors import MissingExtraError
+from birdenv.predictions import layout_of
 from birdenv.tasks import Task
-from birdenv.tasks.bird import BIRD_SEPARATOR, BirdTask
 from birdtrain import require
 from birdtrain.rollout import Episode
 from birdtrain.trajectory_store import TrajectoryStore, episode_rows
@@ -21,8 +21,8 @@ __all__ = ["read_verdicts", "store_episodes", "write_files"]
 def write_files(
     out_dir: Path, episodes: list[Episode], by_id: dict[str, Task], kind: type[Task]
 ) -> None:
-    """``predictions.jsonl`` (official form, first samples), ``verdicts.jsonl``, and for BIRD
-    questions ``predict.json``."""
+    """``predictions.jsonl`` (official form, first samples), ``verdicts.jsonl``, and the kind's
+    own official prediction file where its layout has one (BIRD's ``predict.json``)."""
     firsts = [e for e in episodes if e.group == 0]
     with (out_dir / "predictions.jsonl").open("w") as fh:
         for e in firsts:
@@ -38,12 +38,9 @@ def write_files(
                 "verdict": e.verdict,
             }
             fh.write(json.dumps(row, default=str) + "\n")
-    if kind is BirdTask:
-        official = {
-            e.task_id: f"{(e.pred_sqls or [''])[-1]}{BIRD_SEPARATOR}{by_id[e.task_id].db_id}"
-            for e in firsts
-        }
-        (out_dir / "predict.json").write_text(json.dumps(official, indent=2))
+    layout = layout_of(kind)
+    if layout.write is not None:  # the kind's own official file (BIRD's predict.json)
+        layout.write(out_dir, [(by_id[e.task_id], e.pred_sqls) for e in firsts])
 
 
 def read_verdicts(out_dir: str | Path) -> list[dict[str, Any]]:

@@ -7,9 +7,9 @@ from collections import defaultdict
 from typing import Any
 
 from birdenv.judge import score_many
-from birdenv.tasks import CATEGORIES, Task
-from birdenv.tasks.bird import DIFFICULTIES
+from birdenv.tasks import Task, task_kinds
 from birdenv.tools import has_tool_call
+from birdtrain.data.kinds import training_kind
 from birdtrain.rollout import Episode
 from birdtrain.stats import pass_at_k, wilson_interval
 from birdtrain.timeline import Timeline
@@ -70,7 +70,7 @@ def summarize(episodes: list[Episode], by_id: dict[str, Task], n: int) -> dict[s
         by_task[e.task_id].append(e.passed)
     category = {t: by_id[t].category for t in by_task}
     first = {t: results[0] for t, results in by_task.items()}
-    known = (*CATEGORIES, *DIFFICULTIES)
+    known = [c for kind in task_kinds() for c in kind.categories]  # each kind's report order
     order = [c for c in known if c in category.values()]
     order += sorted(set(category.values()) - set(known))
     summary = _rate(sum(first.values()), len(first))
@@ -102,9 +102,11 @@ def outcomes(episodes: list[Episode], by_id: dict[str, Task], mode: str) -> dict
 
     answered = [e for e in episodes if e.pred_sqls]
     counts = {"episodes": len(episodes), "submitted": len(answered)}
-    if all(isinstance(by_id[e.task_id], Task) for e in episodes):
+    unchanged = {training_kind(by_id[e.task_id].kind).unchanged for e in episodes}
+    if len(unchanged) == 1 and None not in unchanged:  # one kind, which has such an answer
+        (nothing,) = unchanged
         counts["unchanged"] = sum(
-            words(e.pred_sqls) == words(by_id[e.task_id].issue_sql) for e in answered
+            words(e.pred_sqls) == words(nothing(by_id[e.task_id])) for e in answered
         )
     if mode == "agent":
         turns = [m["content"] for e in episodes for m in e.messages if m["role"] == "assistant"]
