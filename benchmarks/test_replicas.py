@@ -27,7 +27,7 @@ import pytest
 from conftest import interleaved_medians, overlay_or_skip
 
 from birdenv.replicas import ReplicaPool, Session
-from birdenv.replicas.pool import disk_usage
+from birdenv.replicas.placement import disk_usage
 from birdenv.replicas.session import run_statement
 from birdenv.tasks import Task
 

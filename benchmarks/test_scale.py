@@ -1,8 +1,8 @@
-"""Host scale (issue 15): 2,048 concurrent trajectories on one host, on the 165 MB database.
+"""Host scale: 2,048 concurrent trajectories on one host, on the 165 MB database.
 
 Run (slow, so never part of the default set)::
 
-    BIRDENV_HOME=/tmp/bench-home nice -n 10 .venv/bin/python -m pytest benchmarks/test_scale.py \
+    BIRDENV_HOME=$(mktemp -d) nice -n 10 .venv/bin/python -m pytest benchmarks/test_scale.py \
         --benchmark-only -q -m slow
 
 Every trajectory leases an exclusive session on retail_orders (as the environments do) and all of
@@ -31,7 +31,7 @@ import pytest
 from conftest import overlay_or_skip
 
 from birdenv.replicas import ReplicaPool, descriptors
-from birdenv.replicas.pool import disk_usage
+from birdenv.replicas.placement import disk_usage
 from birdenv.tasks import Task
 
 #: Concurrent trajectories (the paper's stage-4 batch); ``BIRDENV_BENCH_SCALE_N`` overrides.

@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 
 import birdenv  # noqa: F401 - registers the environments
-from birdenv.replicas.pool import default_sessions_dir
+from birdenv.replicas.placement import default_sessions_dir
 from birdenv.tasks import Task, load_tasks
 from birdenv.tools import format_tool_call
 from birdenv.vector import make_vec

@@ -259,12 +259,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 # -- birdenv doctor ----------------------------------------------------------------------------
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from birdenv.replicas import descriptors, overlay
-    from birdenv.replicas.pool import (
-        MEMORY_HEADROOM,
+    from birdenv.replicas.placement import (
         default_root,
         default_sessions_dir,
         is_memory_filesystem,
     )
+    from birdenv.replicas.pool import MEMORY_HEADROOM
     from birdenv.tools import SPEEDUPS_MISSING
 
     root = default_root()

@@ -309,7 +309,8 @@ class _JobRunner:
     """A Ray actor that runs jobs one at a time on its node, each on its own replica pool."""
 
     def __init__(self, shipment: Shipment) -> None:
-        from birdenv.replicas.pool import ReplicaPool, default_root
+        from birdenv.replicas.placement import default_root
+        from birdenv.replicas.pool import ReplicaPool
 
         self.shipment = shipment
         self.pool = ReplicaPool(default_root())

@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from birdenv.errors import WorkerStartError
-from birdenv.replicas.pool import ReplicaPool, default_root
+from birdenv.replicas.placement import default_root
+from birdenv.replicas.pool import ReplicaPool
 
 __all__ = ["KILL_GRACE", "supervised_map"]
 

@@ -25,7 +25,7 @@ import pytest
 from birdenv import cli
 from birdenv.judge import judge, judge_many
 from birdenv.replicas import ReplicaPool
-from birdenv.replicas.pool import default_sessions_dir
+from birdenv.replicas.placement import default_sessions_dir
 from birdenv.tasks import Task, load_tasks, parse_task
 from birdenv.tools import format_tool_call
 from birdenv.vector import make_vec

@@ -16,7 +16,7 @@ import pytest
 from birdenv.judge import judge, judge_many
 from birdenv.judge.cache import CACHE_FILE, JudgeCache, schedule_key
 from birdenv.replicas import ReplicaPool
-from birdenv.replicas.pool import default_root
+from birdenv.replicas.placement import default_root
 from birdenv.tasks import parse_task
 from tests.conftest import SHOP_TASKS
 

@@ -17,7 +17,11 @@ import pytest
 from birdenv.errors import PreprocessError
 from birdenv.replicas import Limits, ReplicaPool
 from birdenv.replicas import pool as pool_module
-from birdenv.replicas.pool import MEMORY_FILESYSTEM, default_sessions_dir, is_memory_filesystem
+from birdenv.replicas.placement import (
+    MEMORY_FILESYSTEM,
+    default_sessions_dir,
+    is_memory_filesystem,
+)
 from birdenv.replicas.session import run_statement
 from birdenv.suites import file_sha256
 from birdenv.tasks import parse_task

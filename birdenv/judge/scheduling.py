@@ -11,7 +11,8 @@ from birdenv.errors import BirdEnvError
 from birdenv.judge.cache import JudgeCache, schedule_key
 from birdenv.judge.instance import Verdict, judge
 from birdenv.judge.official import INSTANCE_TIMEOUT
-from birdenv.replicas.pool import ReplicaPool, default_root
+from birdenv.replicas.placement import default_root
+from birdenv.replicas.pool import ReplicaPool
 from birdenv.tasks import Task
 from birdenv.workers import KILL_GRACE, supervised_map
 

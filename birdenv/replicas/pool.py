@@ -33,13 +33,11 @@ import atexit
 import collections
 import contextlib
 import fcntl
-import hashlib
 import itertools
 import logging
 import os
 import shutil
 import sqlite3
-import stat
 import threading
 import time
 import uuid
@@ -48,24 +46,25 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from birdenv.errors import PoolClosedError, PoolTimeoutError, PreprocessError
-from birdenv.files import home
 from birdenv.replicas import descriptors, overlay
+from birdenv.replicas.placement import (
+    default_root,
+    default_sessions_dir,
+    disk_usage,
+    is_memory_filesystem,
+    room,
+)
 from birdenv.replicas.results import ResultCache, initial_state
 from birdenv.replicas.session import Limits, Session
 from birdenv.replicas.store import Base, BaseStore
 
 __all__ = [
     "HELD_BASES",
-    "MEMORY_FILESYSTEM",
     "MEMORY_HEADROOM",
     "STRATEGIES",
     "ReplicaPool",
     "StartingState",
     "default_pool",
-    "default_root",
-    "default_sessions_dir",
-    "disk_usage",
-    "is_memory_filesystem",
 ]
 
 log = logging.getLogger(__name__)
@@ -73,15 +72,12 @@ log = logging.getLogger(__name__)
 STRATEGIES = ("auto", "overlay", "copy")
 _COPY_SUFFIXES = ("", "-journal", "-wal", "-shm")
 
-#: The memory filesystem sessions live on by default, where it exists.
-MEMORY_FILESYSTEM = Path("/dev/shm")
 #: Bytes a memory filesystem, and the machine's available memory, must keep free for a new session
 #: to go there; below that, new sessions go to disk.
 MEMORY_HEADROOM = 1 << 30
 #: A pool keeps the descriptor and in-place map of this many of its most recently leased bases
 #: open between their sessions.
 HELD_BASES = 64
-_MEMORY_TYPES = frozenset({"tmpfs", "ramfs"})
 # How long a "there is room in memory" answer is trusted: the check reads /proc/meminfo.
 _ROOM_TTL = 0.25
 
@@ -98,93 +94,6 @@ class StartingState(Protocol):
 
     @property
     def preprocess_sql(self) -> Sequence[str]: ...
-
-
-def default_root() -> Path:
-    """``$BIRDENV_HOME/replicas`` (the suite cache's home)."""
-    return home() / "replicas"
-
-
-def _mounts() -> list[tuple[str, str]]:
-    try:
-        with open("/proc/self/mounts") as fh:
-            return [(f[1].replace("\\040", " "), f[2]) for f in (line.split() for line in fh)]
-    except OSError:
-        return []
-
-
-def is_memory_filesystem(path: str | Path) -> bool:
-    """Whether ``path`` (an existing folder) lies on a memory filesystem (tmpfs, ramfs)."""
-    real = os.path.realpath(path)
-    best, kind = "", None
-    for mount, fstype in _mounts():
-        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-        if inside and len(mount) >= len(best):
-            best, kind = mount, fstype
-    return kind in _MEMORY_TYPES
-
-
-def _memory_home() -> Path | None:
-    """This user's folder on :data:`MEMORY_FILESYSTEM`, or None where there is no usable one."""
-    if not MEMORY_FILESYSTEM.is_dir() or not is_memory_filesystem(MEMORY_FILESYSTEM):
-        return None
-    home = MEMORY_FILESYSTEM / f"birdenv-{os.getuid()}"
-    try:
-        home.mkdir(mode=0o700, exist_ok=True)
-        st = home.lstat()
-    except OSError:
-        return None
-    # /dev/shm is shared by every user: a folder someone else made (or a link) is not ours to use.
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        return None
-    return home
-
-
-def default_sessions_dir(root: str | Path) -> Path:
-    """Where a pool on ``root`` makes its sessions unless told otherwise.
-
-    ``$BIRDENV_SESSIONS_DIR`` when set; else a folder for this root under
-    ``/dev/shm/birdenv-{uid}`` where ``/dev/shm`` is a memory filesystem; else ``{root}/sessions``.
-    """
-    configured = os.environ.get("BIRDENV_SESSIONS_DIR")
-    if configured:
-        return Path(configured)
-    home = _memory_home()
-    if home is None:
-        return Path(root) / "sessions"
-    digest = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:16]
-    return home / f"sessions-{digest}"
-
-
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def _room(folder: Path) -> int:
-    """Bytes a new session may still use in ``folder``'s filesystem and the machine's memory."""
-    try:
-        st = os.statvfs(folder)
-    except OSError:
-        return 0
-    free = st.f_bavail * st.f_frsize
-    memory = _available_memory()
-    return free if memory is None else min(free, memory)
-
-
-def disk_usage(paths: list[Path]) -> int:
-    """Bytes of disk the files really occupy (allocated blocks, not apparent size)."""
-    total = 0
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            total += path.stat().st_blocks * 512
-    return total
 
 
 def _tune(conn: sqlite3.Connection, exclusive: bool) -> None:
@@ -421,7 +330,7 @@ class ReplicaPool:
             return self.sessions_dir
         # A copy needs the whole base beside the headroom; an overlay only its changes.
         need = MEMORY_HEADROOM + (base.size if self.strategy == "copy" else 0)
-        if _room(self.sessions_dir) >= need:
+        if room(self.sessions_dir) >= need:
             self._room_until = now + _ROOM_TTL
             return self.sessions_dir
         with self._lock:
