@@ -20,6 +20,7 @@ from json.decoder import JSONDecoder
 from typing import Any
 
 from birdenv.dialects import dialect_of
+from birdenv.errors import BirdEnvError
 from birdenv.replicas.session import Result
 
 __all__ = [
@@ -138,7 +139,7 @@ class ToolCall:
     arguments: dict[str, Any]
 
 
-class ToolCallError(ValueError):
+class ToolCallError(BirdEnvError, ValueError):
     """A turn's tool call could not be understood; the message is shown to the model."""
 
 
@@ -203,7 +204,9 @@ def _parse_tool_call(text: str) -> ToolCall:
     value = arguments[key]
     if expected is str and not isinstance(value, str):
         raise ToolCallError(f"{name}: {key!r} must be a string")
-    if expected is list and (not isinstance(value, list) or not all(isinstance(s, str) for s in value)):
+    if expected is list and (
+        not isinstance(value, list) or not all(isinstance(s, str) for s in value)
+    ):
         raise ToolCallError(f"{name}: {key!r} must be a list of SQL strings")
     return ToolCall(name, {key: value})
 

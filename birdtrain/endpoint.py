@@ -15,12 +15,13 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from birdenv.errors import BirdEnvError
 from birdenv.tools import ToolCallError, format_tool_call, parse_tool_call
 
 __all__ = ["Teacher", "TeacherError", "openai_messages"]
 
 
-class TeacherError(RuntimeError):
+class TeacherError(BirdEnvError, RuntimeError):
     """The teacher endpoint could not be reached or gave an unusable answer."""
 
 

@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from birdenv.errors import DamagedFileError
 from birdenv.files import describe_holder, directory_lock, file_sha256
+from birdtrain.errors import DamagedFileError
 
 __all__ = [
     "MANIFEST",
@@ -215,7 +215,7 @@ def verify_folder(folder: Path, *, fix: str, hashes: bool = True) -> None:
     ``hashes`` and the first time this process checks it, its SHA-256. A folder without a
     manifest (written before manifests existed) is not checked.
 
-    Raises :class:`~birdenv.errors.DamagedFileError` naming the first missing or damaged file and
+    Raises :class:`~birdtrain.errors.DamagedFileError` naming the first missing or damaged file and
     ``fix``, what makes it again.
     """
     manifest_path = folder / MANIFEST

@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from birdenv.errors import OutputWriteError
 from birdenv.tools import ToolCallError, parse_tool_call
+from birdtrain.errors import OutputWriteError
 
 if TYPE_CHECKING:
     from birdtrain.rollout import Episode

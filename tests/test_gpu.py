@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from birdenv.errors import GPUSetupError
 from birdtrain.cli import main
 from birdtrain.config import load_config
+from birdtrain.errors import GPUSetupError
 from birdtrain.plan import GB, KNOWN_MODELS, ModelShape, model_shape, plan, training_memory
 from birdtrain.stages.arguments import checkpointing_keyword
 from birdtrain.stages.precision import training_precision

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from birdenv.errors import DamagedFileError, DirectoryBusyError
+from birdenv.errors import DirectoryBusyError
 from birdenv.files import LOCK_FILE, directory_lock
 from birdtrain.config import STAGES
+from birdtrain.errors import DamagedFileError
 from birdtrain.rundir import (
     MANIFEST,
     NO_EFFECT,

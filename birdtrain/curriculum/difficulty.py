@@ -25,12 +25,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from birdenv.errors import BirdEnvError
 from birdtrain.config import CurriculumConfig
 
 __all__ = ["DifficultyError", "estimate_pass_rates", "filter_tasks", "select_tasks"]
 
 
-class DifficultyError(ValueError):
+class DifficultyError(BirdEnvError, ValueError):
     """Too few training tasks are of useful difficulty for the stage's batch."""
 
 

@@ -12,9 +12,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from birdenv.errors import ProcessDiedError
 from birdenv.interrupts import INTERRUPTS, interrupts_held
 from birdtrain.config import CurriculumConfig
+from birdtrain.errors import ProcessDiedError
 from birdtrain.rundir import interrupt_behind, raise_on_sigterm
 
 __all__ = ["isolated", "isolates"]

@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from birdenv.errors import OutputWriteError
+from birdtrain.errors import OutputWriteError
 from birdtrain.rollout import Episode
 from birdtrain.rundir import settings_differ
 
@@ -37,7 +37,7 @@ class EvaluationProgress:
     first) holds nothing to resume, whatever its settings. A last line cut short by the
     interruption is dropped; a broken line elsewhere is an error naming it. An episode that broke
     (``dropped``, an environment error) is not saved, so a resumed run plays it again. A file that
-    cannot be written (a full disk) raises :class:`~birdenv.errors.OutputWriteError` and keeps the
+    cannot be written (a full disk) raises :class:`~birdtrain.errors.OutputWriteError` and keeps the
     lines saved before. :meth:`close` stops saving; :meth:`finish` removes the file once the
     summary is written. :attr:`id` names the evaluation across its resumptions (its part of the
     trajectory store is written under it, so a resumed run that stores again replaces that part).

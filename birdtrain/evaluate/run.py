@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from birdenv.errors import OutputWriteError
 from birdenv.tasks import Task
 from birdtrain.config import EvaluationConfig
+from birdtrain.errors import OutputWriteError
 from birdtrain.evaluate.episodes import REFERENCE_POLICIES, engines_built, play_episodes
 from birdtrain.evaluate.files import store_episodes, write_files
 from birdtrain.evaluate.progress import EvaluationProgress

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from birdenv.errors import GPUSetupError
 from birdtrain.config import CurriculumConfig
+from birdtrain.errors import GPUSetupError
 from birdtrain.stages.precision import Precision, training_precision
 
 __all__ = ["check_single_gpu", "load_for_training"]

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from birdenv.errors import OutputWriteError
+from birdtrain.errors import OutputWriteError
 from birdtrain.rundir import commit_folder
 from birdtrain.stages.training import StageError
 

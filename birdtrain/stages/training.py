@@ -7,6 +7,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from birdenv.errors import BirdEnvError
+
 __all__ = [
     "StageError",
     "check_batches",
@@ -17,7 +19,7 @@ __all__ = [
 ]
 
 
-class StageError(ValueError):
+class StageError(BirdEnvError, ValueError):
     """A stage cannot train as configured (the message names the setting to change)."""
 
 
