@@ -14,13 +14,10 @@ model once into ``$BIRDENV_HOME/models``.
 
 from __future__ import annotations
 
-import os
 import statistics
 from typing import Any
 
 import pytest
-
-os.environ.setdefault("BIRDENV_HOME", "/tmp/bench-home")
 
 from birdenv.envs.critic import render_prompt
 from birdenv.schema import PromptOptions

@@ -176,19 +176,54 @@ def test_two_grpo_steps_with_the_tiny_model(shop_tasks: list, tmp_path: Path) ->
 
 def test_two_grpo_steps_on_a_mixture(shop_tasks: list, tmp_path: Path) -> None:
     # One debugging task and one question: the two steps roll out one of each, every rollout in
-    # the environment its row names (TRL's multi-environment form).
+    # the environment its row names (TRL's multi-environment form). Each rollout hands in the gold
+    # or a wrong answer as it starts (as above); what TRL logs per environment class must be the
+    # mean of the judge's verdicts on what that class's rollouts handed in.
+    from birdenv.judge import score
+
     questions = load_bird("bird-mini-train")[:1]
+    reported: dict[str, list[tuple[object, list[str], float]]] = {}
+
+    def handing_in(base: type, gold, wrong) -> type:
+        name = f"HandsIn{base.__name__}"
+
+        def reset(self, **row: object) -> str:
+            prompt = base.reset(self, **row)
+            done = reported.setdefault(name, [])
+            self.submission = gold(self.env.task) if len(done) % 2 == 0 else wrong(self.env.task)
+            self.submit_solution(self.submission)
+            return prompt
+
+        def get_reward(self) -> float:
+            reward = base.get_reward(self)
+            reported[name].append((self.env.task, self.submission, reward))
+            return reward
+
+        return type(name, (base,), {"reset": reset, "get_reward": get_reward})
+
+    critic = handing_in(BirdCriticTRLEnv, lambda t: t.sol_sql, lambda t: t.issue_sql)
+    bird = handing_in(BirdSQLTRLEnv, lambda t: [t.SQL], lambda t: ["SELECT 1"])
     logged = _two_grpo_steps(
         tmp_path,
         suite_dataset([shop_tasks[0], *questions]),
-        environment_factories(shop_tasks[:1], questions),
+        {
+            "critic": functools.partial(critic, tasks=shop_tasks[:1]),
+            "bird": functools.partial(bird, tasks=questions),
+        },
     )
-    # TRL logs a reward per environment class, None in a step that did not use it.
-    for name in ("BirdCriticTRLEnv", "BirdSQLTRLEnv"):
-        scored = [
-            e[f"rewards/{name}/mean"] for e in logged if e[f"rewards/{name}/mean"] is not None
-        ]
-        assert scored, f"no rollout ran in {name}"
+    assert set(reported) == {critic.__name__, bird.__name__}
+    rewards = []
+    for name, batch in reported.items():
+        # TRL logs a reward per environment class, None in a step that did not use it.
+        means = [e[f"rewards/{name}/mean"] for e in logged if e[f"rewards/{name}/mean"] is not None]
+        assert len(means) * 2 == len(batch), f"{name}: {means} over {batch}"
+        for step, mean in enumerate(means):
+            rollouts = batch[2 * step : 2 * step + 2]
+            verdicts = [float(score(task, sql).passed) for task, sql, _ in rollouts]
+            assert [reward for _, _, reward in rollouts] == verdicts
+            assert mean == pytest.approx(sum(verdicts) / 2)
+        rewards += [reward for _, _, reward in batch]
+    assert sorted(set(rewards)) == [0.0, 1.0]  # the gold passes and the wrong answer fails
 
 
 def test_two_grpo_steps_against_a_birdenv_serve_server(tmp_path: Path) -> None:
