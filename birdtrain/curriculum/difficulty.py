@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from birdenv.errors import BirdEnvError
-from birdtrain.config import CurriculumConfig
+from birdtrain.config import CurriculumConfig, EvaluationConfig
+from birdtrain.evaluate import evaluate_policy, read_verdicts
+from birdtrain.stages.precision import sampling_dtype
 
 __all__ = ["DifficultyError", "estimate_pass_rates", "filter_tasks", "select_tasks"]
 
@@ -44,9 +46,6 @@ def estimate_pass_rates(
     and tasks; otherwise samples (:func:`birdtrain.evaluate.evaluate_policy` with ``n`` samples
     per task, its files under ``run_dir/difficulty/<stage>/``) and writes it.
     """
-    from birdtrain.config import EvaluationConfig
-    from birdtrain.evaluate import evaluate_policy, read_verdicts
-    from birdtrain.stages.precision import sampling_dtype
 
     s = getattr(cfg, stage)
     mode = "single" if stage == "stage3" else "agent"
@@ -112,7 +111,6 @@ def _finished_part(
     summary_path = out_dir / "summary.json"
     if not summary_path.is_file():  # written last: its presence marks a finished part
         return None
-    from birdtrain.evaluate import read_verdicts
 
     summary = json.loads(summary_path.read_text())
     if summary.get("policy") != model or summary.get("samples") != samples:

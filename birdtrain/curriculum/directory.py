@@ -35,6 +35,8 @@ from typing import Any
 
 from birdtrain.config import STAGES, CurriculumConfig
 from birdtrain.curriculum.isolation import isolated
+from birdtrain.curriculum.mixture import resolve_mixture
+from birdtrain.models import resolve_model
 from birdtrain.rundir import (
     NO_EFFECT,
     command_line,
@@ -225,8 +227,6 @@ def retrain_hint(stage: str) -> str:
 def resolve_auto_mixture(cfg: CurriculumConfig, run_dir: Path) -> None:
     """``data.mixture: auto`` becomes the weights of the run's ``mixture.json`` (estimated once)."""
     if cfg.data.mixture == "auto":
-        from birdtrain.curriculum.mixture import resolve_mixture
-
         if (run_dir / "mixture.json").is_file():
             weights = resolve_mixture(cfg, run_dir)
         else:
@@ -239,7 +239,6 @@ def resolve_auto_mixture(cfg: CurriculumConfig, run_dir: Path) -> None:
 
 def start_checkpoint(cfg: CurriculumConfig, run_dir: Path, before: str) -> str:
     """The checkpoint a stage starts from: the latest completed earlier stage, else the base model."""
-    from birdtrain.models import resolve_model
 
     for stage in reversed(STAGES[: STAGES.index(before)]):
         if (run_dir / stage / "DONE").is_file():

@@ -15,6 +15,7 @@ from typing import Any
 from birdenv.interrupts import INTERRUPTS, interrupts_held
 from birdtrain.config import CurriculumConfig
 from birdtrain.errors import ProcessDiedError
+from birdtrain.policies import uses_vllm
 from birdtrain.rundir import interrupt_behind, raise_on_sigterm
 
 __all__ = ["isolated", "isolates"]
@@ -28,8 +29,6 @@ def isolates(cfg: CurriculumConfig) -> bool:
     if cfg.isolate is not None:
         return cfg.isolate
     import torch
-
-    from birdtrain.policies import uses_vllm
 
     return torch.cuda.is_available() or any(
         stage.enabled and uses_vllm(stage.use_vllm, cfg.model.name_or_path)

@@ -23,6 +23,8 @@ from birdtrain.config import CurriculumConfig
 from birdtrain.data import make_teacher
 from birdtrain.data.kinds import by_kind, training_kind
 from birdtrain.data.mixture import load_sources, mix_tasks, split_holdout
+from birdtrain.models import inference_device, load_policy, resolve_model
+from birdtrain.stages import sft
 
 __all__ = [
     "METHOD",
@@ -134,8 +136,6 @@ def choose_mixture(
     losses, every candidate's losses, improvements, score and training time, and ``chosen``.
     Returns that record.
     """
-    from birdtrain.models import resolve_model
-    from birdtrain.stages import sft
 
     data = cfg.data
     names = list(data.mixture_sources)
@@ -167,8 +167,6 @@ def choose_mixture(
                 f"task source {n!r}: no stage-1 example could be built to estimate with"
             )
     max_length = cfg.stage1.max_length
-
-    from birdtrain.models import inference_device, load_policy
 
     model, tokenizer = load_policy(model_path, dtype=cfg.model.dtype, device=inference_device())
     base = {n: heldout_loss(model, tokenizer, held_examples[n], max_length) for n in names}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from birdtrain.config import STAGES, CurriculumConfig
+from birdtrain.curriculum.difficulty import estimate_pass_rates, filter_tasks
 from birdtrain.curriculum.directory import (
     content_hash,
     git_commit,
@@ -26,6 +27,10 @@ from birdtrain.curriculum.directory import (
 )
 from birdtrain.curriculum.isolation import isolated
 from birdtrain.curriculum.tasks import bird_eval_suite, rl_tasks, tasks_for
+from birdtrain.data import synth
+from birdtrain.evaluate import evaluate_policy, sharing_engines
+from birdtrain.models import resolve_model
+from birdtrain.report import write_report
 from birdtrain.rundir import (
     NO_EFFECT,
     flatten,
@@ -35,6 +40,8 @@ from birdtrain.rundir import (
     write_manifest,
     write_once,
 )
+from birdtrain.stages import agentic, grpo, sft
+from birdtrain.stages.precision import sampling_dtype
 
 __all__ = [
     "estimate_difficulty",
@@ -46,7 +53,6 @@ __all__ = [
 
 def synthesize(cfg: CurriculumConfig, run_dir: Path) -> dict[str, Any]:
     """Synthesize the stage-1 and stage-2 data into ``run_dir/data`` once; return the counts."""
-    from birdtrain.data import synth
 
     data_dir = run_dir / "data"
     done = data_dir / "DONE"
@@ -77,8 +83,6 @@ def run_stage(cfg: CurriculumConfig, stage: str, model_path: str, run_dir: Path)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     if stage in ("stage1", "stage2"):
-        from birdtrain.stages import sft
-
         synthesize(cfg, run_dir)
         examples = _read_jsonl(run_dir / "data" / f"{stage}.jsonl")
         data_hash = folder_hash(run_dir / "data")
@@ -86,9 +90,6 @@ def run_stage(cfg: CurriculumConfig, stage: str, model_path: str, run_dir: Path)
             cfg, model_path=model_path, out_dir=out_dir, examples=examples, stage=int(stage[-1])
         )
     else:
-        from birdtrain.curriculum.difficulty import filter_tasks
-        from birdtrain.stages import agentic, grpo
-
         tasks = rl_tasks(cfg, stage)
         if getattr(cfg, stage).difficulty_filter:
             # Its sampling engine (vLLM on a GPU) is not freed in-process: a process of its own,
@@ -137,7 +138,6 @@ def estimate_difficulty(
     """Each training task's pass rate for ``stage`` under ``model_path`` (default: the checkpoint
     the stage starts from), reused from ``RUN_DIR/difficulty/<stage>.json`` when it was measured
     for that policy; returns the record and the tasks with 0 < p < 1."""
-    from birdtrain.curriculum.difficulty import estimate_pass_rates
 
     with open_run(cfg) as run_dir:
         model_path = model_path or start_checkpoint(cfg, run_dir, stage)
@@ -226,8 +226,6 @@ def _evaluate_round(
     cfg: CurriculumConfig, model_path: str, run_dir: Path, label: str, jobs: list[_Evaluation]
 ) -> None:
     """Run the round's evaluations that have no summary yet, sharing one generation engine."""
-    from birdtrain.evaluate import evaluate_policy, sharing_engines
-    from birdtrain.stages.precision import sampling_dtype
 
     with sharing_engines():
         for job in jobs:
@@ -263,8 +261,6 @@ def run_curriculum(cfg: CurriculumConfig, *, restart_from: str | None = None) ->
 
 
 def _run_curriculum(cfg: CurriculumConfig, run_dir: Path) -> dict[str, Any]:
-    from birdtrain.models import resolve_model
-    from birdtrain.report import write_report
 
     base = resolve_model(cfg.model.name_or_path)
     results: dict[str, Any] = {"run_dir": str(run_dir), "mixture": cfg.data.mixture}

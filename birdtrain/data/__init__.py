@@ -16,8 +16,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from birdenv.tasks import load_tasks
 from birdtrain.config import CurriculumConfig
 from birdtrain.data.kinds import by_kind, training_kind
+from birdtrain.data.mixture import load_sources, mix_tasks
 from birdtrain.data.reasoning import build_reasoning_examples
 from birdtrain.data.tool_use import build_tool_trajectories
 from birdtrain.endpoint import Teacher, TeacherError
@@ -43,8 +45,6 @@ def load_train_tasks(cfg: CurriculumConfig) -> list:
     ``max_train_tasks``. ``mixture: auto`` must be resolved first
     (:func:`birdtrain.curriculum.mixture.resolve_mixture`).
     """
-    from birdenv.tasks import load_tasks
-    from birdtrain.data.mixture import load_sources, mix_tasks
 
     mixture = cfg.data.mixture
     if mixture == "auto":

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from birdtrain.evaluate.files import read_verdicts
+from birdtrain.stats import paired_difference
 
 __all__ = ["compare_evaluations"]
 
@@ -20,7 +21,6 @@ def compare_evaluations(a_dir: str | Path, b_dir: str | Path) -> dict[str, Any]:
     summaries. Use it to ask whether training changed a policy: evaluate both checkpoints on the
     same tasks, with several samples at a temperature when the tasks are few.
     """
-    from birdtrain.stats import paired_difference
 
     outcomes: list[dict[str, list[bool]]] = []
     labels, samples = [], []

@@ -10,12 +10,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from birdenv.envs import task_env
 from birdenv.replicas.pool import default_pool
 from birdenv.tasks import Task
+from birdenv.vector import make_vec
 from birdtrain.config import EvaluationConfig
 from birdtrain.data.kinds import training_kind
-from birdtrain.policies import EndpointPolicy
-from birdtrain.rollout import Episode
+from birdtrain.policies import EndpointPolicy, generation_policy
+from birdtrain.prompts import parse_solution, single_turn_prompt
+from birdtrain.rollout import VECTOR_KWARGS, Episode, collect
 from birdtrain.timeline import Timeline
 
 __all__ = ["REFERENCE_POLICIES", "Act", "engines_built", "play_episodes", "sharing_engines"]
@@ -106,7 +109,6 @@ def _threaded(
 ) -> list[Episode]:
     """``n`` episodes of every task, one plain env per worker thread (sharing one replica pool or PostgreSQL server),
     with the prompt setting ``prompt``; ``on_episode`` sees each as it ends."""
-    from birdenv.envs import task_env
 
     jobs = [(t, s) for t in tasks for s in range(n)]
 
@@ -180,8 +182,6 @@ def _model_episodes(
 ) -> list[Episode]:
     """A local model as an agent, rolled out through a vector env exactly as in stage 4 (with
     ``ray``: a Ray vector env over the cluster); ``on_episode`` sees each episode as it ends."""
-    from birdenv.vector import make_vec
-    from birdtrain.rollout import VECTOR_KWARGS, collect
 
     # The env workers fork before the engine starts: a vLLM engine's threads, sockets and locks
     # do not survive a fork. In a sharing_engines block an engine of an earlier evaluation may
@@ -226,7 +226,6 @@ def _generation_policy(model_path: str, **options: Any) -> Iterator[Any]:
     """:func:`~birdtrain.policies.generation_policy`, its engine stopped when the body ends (a
     vLLM engine runs in a process of its own), or kept for the next evaluation inside a
     :func:`sharing_engines` block."""
-    from birdtrain.policies import generation_policy
 
     key = json.dumps([model_path, options], sort_keys=True, default=str)
     if _SHARED is not None and key in _SHARED:
@@ -263,7 +262,6 @@ def _single_episodes(
 ) -> list[Episode]:
     """One ``<solution>`` per sample from a model or an endpoint (not judged yet), a model's
     generated ``num_envs`` prompts at a time; ``on_episode`` sees each answer as it comes."""
-    from birdtrain.prompts import parse_solution, single_turn_prompt
 
     jobs = [(t, s) for t in tasks for s in range(n)]
     prompts = [[{"role": "user", "content": single_turn_prompt(t, prompt)}] for t, _ in jobs]

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from birdenv.tasks import Task, load_tasks
+from birdenv.vector import make_vec
 from birdtrain import rollout
 from birdtrain.config import AgenticConfig, CurriculumConfig
 from birdtrain.sampling import Group
@@ -46,6 +47,7 @@ from birdtrain.stages.grpo_step import Generate, StepColumns, rollout_function
 from birdtrain.stages.loading import load_for_training
 from birdtrain.stages.outputs import finish_stage
 from birdtrain.stages.precision import Precision
+from birdtrain.stages.shared_prompt import grpo_trainer_class
 from birdtrain.stages.training import check_batches, silence_trl_experimental, train
 from birdtrain.trajectory_store import TrajectoryStore, episode_rows
 
@@ -331,8 +333,6 @@ def build_trainer(
     silence_trl_experimental()
     from trl import GRPOConfig
 
-    from birdtrain.stages.shared_prompt import grpo_trainer_class
-
     stage = cfg.stage4
     check_batches("stage4", len(tasks), stage.tasks_per_step, "tasks_per_step")
     model, tokenizer, peft_config, precision = load_for_training(cfg, model_path)
@@ -391,8 +391,6 @@ def run(
     task_list = _load_tasks(tasks, cfg)
     own_envs = envs is None
     if own_envs:
-        from birdenv.vector import make_vec
-
         envs = make_vec(
             stage.num_envs,
             tasks=task_list,

@@ -7,6 +7,7 @@ import functools
 from typing import Any
 
 from birdtrain.config import CurriculumConfig, GRPOSettings, SFTStageConfig
+from birdtrain.policies import SAMPLING, uses_vllm
 from birdtrain.stages.precision import Precision
 
 __all__ = [
@@ -93,7 +94,6 @@ def _vllm_arguments(
     ``max_model_length``: the longest sequence the stage produces, vLLM's context window unless
     ``stage.vllm_max_model_length`` sets one.
     """
-    from birdtrain.policies import SAMPLING, uses_vllm
 
     use_vllm = uses_vllm(stage.use_vllm, model_path)
     args: dict[str, Any] = {**SAMPLING, "use_vllm": use_vllm}

@@ -29,13 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from birdtrain.config import CurriculumConfig, GRPOStageConfig
+from birdtrain.prompts import single_turn_prompt
+from birdtrain.rewards import format_reward, score_text
 from birdtrain.sampling import Group
 from birdtrain.stages.arguments import grpo_arguments
 from birdtrain.stages.grpo_step import Generate, StepColumns, rollout_function
 from birdtrain.stages.loading import load_for_training
 from birdtrain.stages.outputs import finish_stage
 from birdtrain.stages.precision import Precision
-from birdtrain.stages.training import train
+from birdtrain.stages.shared_prompt import grpo_trainer_class
+from birdtrain.stages.training import check_batches, silence_trl_experimental, train
 
 __all__ = [
     "build_dataset",
@@ -53,7 +56,6 @@ _GENERATION_CHUNK = 32
 
 
 def _prompt_messages(task: Any, prompt: Any) -> list[dict[str, str]]:
-    from birdtrain.prompts import single_turn_prompt
 
     return [{"role": "user", "content": single_turn_prompt(task, prompt)}]
 
@@ -119,7 +121,6 @@ def make_rollout_func(
     samples (vLLM when ``stage.use_vllm``). With ``groups_path`` each step's own draw is appended
     there (:func:`birdtrain.sampling.record_groups`).
     """
-    from birdtrain.rewards import format_reward, score_text
 
     by_id = {t.instance_id: t for t in tasks}
     contexts: dict[str, list[int]] = {}
@@ -221,9 +222,6 @@ def build_trainer(
 ) -> Any:
     """The configured ``GRPOTrainer`` (what :func:`run` trains)."""
     from trl import GRPOConfig
-
-    from birdtrain.stages.shared_prompt import grpo_trainer_class
-    from birdtrain.stages.training import check_batches, silence_trl_experimental
 
     silence_trl_experimental()
     s = cfg.stage3

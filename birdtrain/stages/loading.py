@@ -7,6 +7,7 @@ from typing import Any
 
 from birdtrain.config import CurriculumConfig
 from birdtrain.errors import GPUSetupError
+from birdtrain.models import load_policy, lora_config
 from birdtrain.stages.precision import Precision, training_precision
 
 __all__ = ["check_single_gpu", "load_for_training"]
@@ -38,8 +39,6 @@ def load_for_training(cfg: CurriculumConfig, model_path: str) -> tuple[Any, Any,
     1B parameters), then cast to :attr:`Precision.weights`.
     """
     import torch
-
-    from birdtrain.models import load_policy, lora_config
 
     check_single_gpu()
     model, tokenizer = load_policy(model_path, dtype="auto")

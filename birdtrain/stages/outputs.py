@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from birdtrain.errors import OutputWriteError
+from birdtrain.prompts import record_prompt
 from birdtrain.rundir import commit_folder
 from birdtrain.stages.training import StageError
 
@@ -125,7 +126,5 @@ def save_checkpoint(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     if prompt is not None:
-        from birdtrain.prompts import record_prompt
-
         record_prompt(path, prompt)
     return path

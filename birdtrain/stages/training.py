@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from birdenv.errors import BirdEnvError
+from birdtrain import policies
+from birdtrain.stages import weight_sync
 
 __all__ = [
     "StageError",
@@ -54,7 +56,6 @@ def stage_actor(trainer: Any, policy: Any = None) -> Any:
     """The sampler of a GRPO stage's rollouts: ``policy(trainer)`` when given (scripted actors,
     tests), else the trainer's vLLM engine (a GRPO trainer's ``args.use_vllm``) or the trained
     model."""
-    from birdtrain import policies
 
     if policy is not None:
         return policy(trainer)
@@ -78,8 +79,6 @@ def train(trainer: Any) -> None:
     sampling's replacement draws) starts afresh.
     """
     from transformers.trainer_utils import get_last_checkpoint
-
-    from birdtrain.stages import weight_sync
 
     weight_sync.install(trainer)  # LoRA merged out of place for vLLM: the base stays untouched
     out = Path(trainer.args.output_dir)
