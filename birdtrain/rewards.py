@@ -25,6 +25,7 @@ from typing import Any
 
 from birdenv.judge import score
 from birdenv.tasks import BIRD_SUITES, BirdTask, Task, load_tasks
+from birdtrain.prompts import parse_solution
 
 __all__ = [
     "REWARDS",
@@ -150,7 +151,6 @@ def score_text(task: Task | BirdTask, text: str) -> float:
     An answer without statements scores 0.0 without being judged. Judged in this process, in
     order: measured faster than judge_many's worker pool for GRPO-sized batches.
     """
-    from birdtrain.prompts import parse_solution
 
     statements = [s for s in parse_solution(text) if s.strip()]
     if not statements:

@@ -34,6 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from birdenv import tools
+from birdenv.compat import db_dir_argument
+from birdenv.envs import task_env
+from birdenv.errors import ArgumentError
+from birdenv.tasks import BirdTask, Task, load_tasks
 from birdenv.tools import format_tool_call
 
 __all__ = [
@@ -56,10 +60,6 @@ def _task_env(
 ) -> Any:
     """The environment of the tasks (of ``suite``, ``tasks`` or ``default_suite``): each task's own
     kind's and dialect's (:func:`birdenv.envs.task_env`), so PostgreSQL tasks play on PostgreSQL."""
-    from birdenv.compat import db_dir_argument
-    from birdenv.envs import task_env
-    from birdenv.errors import ArgumentError
-    from birdenv.tasks import load_tasks
 
     if suite is not None and tasks is not None:
         raise ArgumentError("give either suite= or tasks= (with db_dir=), not both")
@@ -146,7 +146,6 @@ class BirdSQLTRLEnv(BirdCriticTRLEnv):
 
 def _tasks(source: str | Path | Sequence[Any], db_dir: str | Path | None) -> list[Any]:
     """The tasks of a suite name or file, of a list of tasks, or of a list of names and files."""
-    from birdenv.tasks import load_tasks
 
     items = [source] if isinstance(source, (str, Path)) else source
     return [
@@ -203,7 +202,6 @@ def environment_factories(
     rollout's environment; ``env_kwargs`` (``reward``, ``pool``, ``statement_timeout`` ...) go to
     both.
     """
-    from birdenv.tasks import BirdTask, Task
 
     return {
         Task.kind: functools.partial(BirdCriticTRLEnv, tasks=_tasks(critic, db_dir), **env_kwargs),

@@ -35,6 +35,7 @@ from birdenv.tasks import BirdTask
 from birdenv.tools import TOOL_SCHEMAS, format_tool_call
 from birdtrain.data.evidence import StatementRun, _parse, run_statements, summarize_run
 from birdtrain.data.evidence import tables_touched as _tables_touched
+from birdtrain.data.reasoning import _clean_teacher_thought
 from birdtrain.data.tool_use import (
     PlannedExpert,
     _table_of,
@@ -42,6 +43,8 @@ from birdtrain.data.tool_use import (
     summarize_observation,
 )
 from birdtrain.endpoint import Teacher
+from birdtrain.prompts import format_answer, parse_solution, single_turn_prompt
+from birdtrain.rewards import score_submission
 
 __all__ = [
     "BIRD_TEACHER_AGENT_PROMPT",
@@ -143,7 +146,6 @@ def offline_bird_thought(task: BirdTask, evidence: BirdEvidence, *, rows: int = 
 
 
 def _teacher_messages(task: BirdTask, evidence: BirdEvidence) -> list[dict[str, str]]:
-    from birdtrain.prompts import single_turn_prompt
 
     user = (
         f"{single_turn_prompt(task)}\n\n"
@@ -178,9 +180,6 @@ def build_bird_reasoning_examples(
     ``thought_rows``: result rows an offline thought quotes (0: only their count and columns).
     ``progress``: a progress bar over the questions.
     """
-    from birdtrain.data.reasoning import _clean_teacher_thought
-    from birdtrain.prompts import format_answer, parse_solution, single_turn_prompt
-    from birdtrain.rewards import score_submission
 
     pool = pool or default_pool()
     counts = {"tasks": 0, "kept": 0, "failed_judge": 0, "empty_thought": 0}

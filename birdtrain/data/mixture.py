@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from birdenv.tasks import load_tasks
+
 __all__ = [
     "apportion",
     "load_sources",
@@ -122,7 +124,6 @@ def mix_tasks(
 
 def load_sources(names: Sequence[str], db_dir: str | None = None) -> dict[str, list[Any]]:
     """The tasks of each named source (:func:`birdenv.tasks.load_tasks`); ids must not collide."""
-    from birdenv.tasks import load_tasks
 
     sources: dict[str, list[Any]] = {}
     owner: dict[str, str] = {}
