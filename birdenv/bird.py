@@ -42,7 +42,7 @@ _MOVED_TO_EX = (
 
 def __getattr__(name: str) -> Any:
     if name in _MOVED_TO_EX:
-        from birdenv.judge import ex
+        from birdenv.judge import ex  # the old home forwards on use: no judge at import
 
         warnings.warn(
             f"birdenv.bird.{name} moved to birdenv.judge.ex.{name}",

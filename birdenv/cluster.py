@@ -309,6 +309,7 @@ class _JobRunner:
     """A Ray actor that runs jobs one at a time on its node, each on its own replica pool."""
 
     def __init__(self, shipment: Shipment) -> None:
+        # In the Ray actor's own process, on first use there: the driver never builds a pool.
         from birdenv.replicas.placement import default_root
         from birdenv.replicas.pool import ReplicaPool
 

@@ -171,7 +171,7 @@ def _catalog(path: str, mtime_ns: int, dialect: str = "sqlite") -> tuple[_Object
         objects = []
         for kind, name, sql in rows:
             if dialect == "postgresql":
-                from birdenv.postgres.convert import pg_definition
+                from birdenv.postgres.convert import pg_definition  # the postgres extra
 
                 sql = pg_definition(conn, kind, name, sql)
                 if sql is None:

@@ -184,7 +184,7 @@ def _ship(tasks: list[Any] | dict[str, list[Any]], backend: str) -> Any:
     a mixture's lists by source); else ``None``."""
     if backend != "ray":
         return None
-    from birdenv.cluster import ship
+    from birdenv.cluster import ship  # Ray: an optional extra, imported for backend='ray' only
 
     return ship(
         [t for group in tasks.values() for t in group] if isinstance(tasks, dict) else tasks
@@ -319,7 +319,7 @@ def make_vec(
             for i in range(num_envs)
         ]
     if shipment is not None:
-        from birdenv.ray_vector import RayVectorEnv
+        from birdenv.ray_vector import RayVectorEnv  # Ray: the optional extra, as above
 
         envs: gym.vector.VectorEnv = RayVectorEnv(
             fns, on_close=shipment.close, **(vector_kwargs or {})

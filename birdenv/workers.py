@@ -100,7 +100,7 @@ def supervised_map(
     databases.
     """
     if ray:
-        from birdenv.cluster import ray_map
+        from birdenv.cluster import ray_map  # Ray: an optional extra, for ray=True only
 
         yield from ray_map(
             run, jobs, workers=processes, kill_after=kill_after, failed=failed, order=order

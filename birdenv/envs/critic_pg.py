@@ -90,7 +90,7 @@ class BirdCriticPgEnv(BirdCriticEnv):
         catalogs = _CATALOGS.setdefault(self.pool, {})
         template = self.pool.template_for(task)
         if template not in catalogs:
-            from birdenv.postgres import PgSession
+            from birdenv.postgres import PgSession  # psycopg: the postgres extra
 
             self._require_template(task, template)
 
@@ -119,6 +119,7 @@ class BirdCriticPgEnv(BirdCriticEnv):
     @property
     def pool(self) -> Any:
         """The :class:`~birdenv.judge.postgres.TaskDatabases` clones are leased from."""
+        # psycopg: the postgres extra, needed once a PostgreSQL episode starts
         from birdenv.judge.postgres import TaskDatabases, default_task_databases
 
         if self._pool is None:

@@ -74,7 +74,7 @@ def is_suite(name: str) -> bool:
 
 def database_modules() -> dict[str, ModuleType]:
     """Every database builder module, keyed by its ``DB_ID``."""
-    from birdenv.suites import databases
+    from birdenv.suites import databases  # the builders are large: loaded when a suite is built
 
     modules = {}
     for info in pkgutil.iter_modules(databases.__path__):

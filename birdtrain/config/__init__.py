@@ -96,6 +96,8 @@ class PromptConfig:
 
     def options(self) -> Any:
         """The :class:`birdenv.schema.PromptOptions` the environments and prompts take."""
+        # The configuration stays the ground every layer imports: the schema layer (sqlglot) is
+        # loaded when a prompt setting is made.
         from birdenv.schema import PromptOptions
 
         try:
