@@ -6,14 +6,15 @@ to this project's cluster (the socket directory ``birdenv doctor`` names and the
 ``birdenv``; the only edit), and at a Python with ``psycopg2`` and ``tqdm``::
 
     python benchmarks/pg_official_oracle.py --official-src SRC --official-python PY \\
-        [--jobs 4] [--limit 500] [--keep DIR]
+        [--jobs 4] [--limit 500] [--values] [--keep DIR] [--skip-official FILE]
 
 It makes the predictions (:func:`shaped_predictions`: four per task of critic-mini-pg and
 gym-mini-pg, in the shapes models submit: gold and issue SQL, comments before, inside and after
 statements, several statements in one string, ``DateStyle`` and time zones, ``'infinity'``,
 three-part names, ``ALTER DATABASE``, a superuser's settings, data-modifying ``WITH`` over the row
-cap, statements that fail when ``ex_base`` runs the prediction a second time), makes the six
-databases the official evaluator expects on the project's cluster (``{db_id}_template`` and
+cap, statements that fail when ``ex_base`` runs the prediction a second time; ``--values``: one
+per Management and Personalization task ending with values psycopg2 reads its own way), makes
+the six databases the official evaluator expects on the project's cluster (``{db_id}_template`` and
 ``{db_id}``, from the project's templates), then judges the same rows
 
 * with the official wrapper, unchanged: ``wrapper_evaluation_postgresql.py --num_threads N
@@ -125,6 +126,41 @@ SHAPES: dict[str, Shape] = {
     ],
     "begin-commit": lambda t: ["BEGIN", *t.sol_sql, "COMMIT"],
 }
+
+
+#: Shapes that end with values psycopg2 reads its own way, for the tasks whose tests check the
+#: prediction's effects rather than its rows (Management, Personalization): the prediction's
+#: last statement then decides alone whether it runs.
+VALUE_SHAPES: dict[str, Shape] = {
+    "datestyle-date-read": lambda t: [
+        "SET datestyle = 'SQL, DMY'",
+        *t.sol_sql,
+        "SELECT DATE '2024-01-02' AS day",
+    ],
+    "intervalstyle-read": lambda t: [
+        "SET intervalstyle = 'iso_8601'",
+        *t.sol_sql,
+        "SELECT interval '1 day 2 hours' AS span",
+    ],
+    "time-2400-read": lambda t: [*t.sol_sql, "SELECT time '24:00' AS midnight"],
+    "timezone-interval-read": lambda t: [
+        "SET TIME ZONE INTERVAL '+09:00' HOUR TO MINUTE",
+        *t.sol_sql,
+        "SELECT timestamptz '2024-01-01 20:00+00' AS at",
+    ],
+}
+
+
+def value_predictions(tasks: list[Task]) -> list[dict[str, Any]]:
+    """One prediction of a :data:`VALUE_SHAPES` shape per Management and Personalization task,
+    the shapes taken in turn."""
+    names = list(VALUE_SHAPES)
+    chosen = [t for t in tasks if t.category in ("Management", "Personalization") and t.sol_sql]
+    return [
+        {"instance_id": t.instance_id, "prediction": names[k % len(names)],
+         "pred_sqls": VALUE_SHAPES[names[k % len(names)]](t)}
+        for k, t in enumerate(chosen)
+    ]  # fmt: skip
 
 
 def shaped_predictions(tasks: list[Task], per_task: int = 4) -> list[dict[str, Any]]:
@@ -239,10 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=500)
     parser.add_argument("--keep", type=Path, help="keep rows and verdicts in this folder")
     parser.add_argument("--skip-official", type=Path, help="official verdicts of an earlier run")
+    parser.add_argument(
+        "--values", action="store_true", help="the value-reading set (VALUE_SHAPES) instead"
+    )
     args = parser.parse_args(argv)
 
     tasks = load_tasks("critic-mini-pg") + load_tasks("gym-mini-pg")
-    rows = shaped_predictions(tasks)[: args.limit]
+    rows = (value_predictions(tasks) if args.values else shaped_predictions(tasks))[: args.limit]
     work = Path(tempfile.mkdtemp(prefix="pg_official_oracle_"))
     try:
         input_path = work / "input.jsonl"
