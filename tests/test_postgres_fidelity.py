@@ -244,3 +244,28 @@ def test_a_batch_of_judgements_leaves_no_ready_clone_behind(task: Task) -> None:
         pool.drain()
         # clones are made for the leases still to come, none for a lease that will not come
         assert pool.stats() == {"ready": 0, "pending": 0, "leased": 0, "dropping": 0}
+
+
+def test_a_name_held_by_a_process_that_died_is_taken_back(
+    databases: TaskDatabases, task: Task
+) -> None:
+    import subprocess
+    import sys
+
+    crash = (
+        "import os\n"
+        "from birdenv.judge.postgres import TaskDatabases\n"
+        "from birdenv.postgres import DatabasePool\n"
+        "from birdenv.tasks import load_tasks\n"
+        "task = next(t for t in load_tasks('critic-mini-pg') if t.db_id == 'bank_finance')\n"
+        "lease = TaskDatabases(DatabasePool(ready=0)).lease(task, named=True)\n"
+        "print(lease.name, lease.database, flush=True)\n"
+        "os._exit(0)  # killed while it holds the name: nothing is released\n"
+    )
+    held = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, check=True)
+    clone, name = held.stdout.split()
+    assert name == "bank_finance"
+    gold, pred = ["SELECT count(*) FROM loans"], ["SELECT count(*) FROM bank_finance.public.loans"]
+    assert _verdict(databases, task, gold, pred) == "success"  # not a wait for the dead process
+    with databases.pool.server.admin() as admin:
+        assert not admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (clone,)).fetchone()

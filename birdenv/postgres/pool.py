@@ -185,6 +185,23 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def _leaked(name: str) -> bool:
+    """Whether ``name`` is a clone of a process of this host that is gone (or of an earlier
+    process that had this one's id)."""
+    match = _CLONE.match(name)
+    if not match or match.group(1) != _HOST:
+        return False
+    pid = int(match.group(2))
+    return not _alive(pid) or (pid == os.getpid() and match.group(3) != _LIFE)
+
+
+# Databases a clone was renamed to (lease_as), and that clone's own name.
+_RENAMED = (
+    "SELECT datname, substr(shobj_description(oid, 'pg_database'), 15) FROM pg_database "
+    "WHERE shobj_description(oid, 'pg_database') LIKE 'birdenv clone %'"
+)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -277,16 +294,17 @@ class DatabasePool:
                 conn.execute("SELECT pg_advisory_unlock(hashtext('birdenv-setup'))")
 
     def _drop_leaked(self, conn: Any) -> None:
-        """Drop the clones and roles of this host's processes that are gone."""
+        """Drop the clones and roles of this host's processes that are gone (also a clone that
+        such a process had renamed, :meth:`lease_as`)."""
         names = {r for (r,) in conn.execute("SELECT datname FROM pg_database").fetchall()}
         names |= {r for (r,) in conn.execute("SELECT rolname FROM pg_roles").fetchall()}
         for name in sorted(names):
-            match = _CLONE.match(name)
-            if not match or match.group(1) != _HOST:
-                continue
-            pid = int(match.group(2))
-            if not _alive(pid) or (pid == os.getpid() and match.group(3) != _LIFE):
+            if _leaked(name):
                 self._drop(name, conn)
+        for database, clone in conn.execute(_RENAMED).fetchall():
+            if _leaked(clone):
+                conn.execute(f"DROP DATABASE IF EXISTS {_quote(database)} WITH (FORCE)")
+                self._drop(clone, conn)
 
     def _check_templates(self, conn: Any) -> None:
         """Put the owner role and every template back in the state :meth:`_build` left them in
@@ -611,6 +629,11 @@ class DatabasePool:
                     ).fetchone() or ("birdenv clone ",)  # dropped meanwhile: try again
                     if not comment.startswith("birdenv clone "):
                         return False
+                    holder = comment.removeprefix("birdenv clone ")
+                    if _leaked(holder):  # its process is gone: nobody will release it
+                        conn.execute(f"DROP DATABASE IF EXISTS {_quote(database)} WITH (FORCE)")
+                        self._drop(holder, conn)
+                        continue
                 except psycopg().errors.ObjectInUse:
                     pass  # the backend that made the clone ready is still exiting
                 if time.monotonic() > deadline:
