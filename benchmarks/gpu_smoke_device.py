@@ -8,8 +8,10 @@ into a scratch folder beside the image's own Python (no virtual environment, whi
 image's torch), and the project runs from its folder on ``PYTHONPATH`` (its C extensions are
 optional: without them birdenv copies databases instead of cloning them).
 
-``run [--dry-run] [--budget SECONDS] [OUT_DIR]`` checks, each check in a process of its own (its
-peak GPU memory its own), one PASS/FAIL line each, then a JSON summary:
+``run [--dry-run] [--budget SECONDS] [OUT_DIR]`` checks, one PASS/FAIL line each, then a JSON
+summary. Three processes run them (``prepare``: 2-3; ``stage3``: 4-6, the peak step first in a
+fresh process, then the peak counter reset; ``stage4``: 7), so each stage's peak GPU memory is its
+own:
 
 1. install: the wheels into the scratch folder;
 2. environment: every carried wheel's requirements met by the image, the train path importable,
@@ -101,12 +103,13 @@ CHECKS = {
         "stage4.max_steps=2",
     ),
 }
-#: The dry run's lengths on top of each check's: the device's lengths cost a CPU minutes (the
+#: The dry run's lengths on top of each check's: the device's would take minutes on a CPU (the
 #: prompts show only the tables a task names, without rows: ~500 tokens instead of ~2,000).
 DRY_RUN = {
-    "stage3_peak": ("stage3.max_completion_length=1000",),
-    "stage3_speed": ("stage3.max_completion_length=128", "stage3.num_generations=4"),
-    "stage4": (),
+    "stage3_peak": ("stage3.max_completion_length=600",),
+    # Groups of 2 (one sampled, one planted); a turn holds the gold answer (~100 tokens).
+    "stage3_speed": ("stage3.max_completion_length=128", "stage3.num_generations=2"),
+    "stage4": ("stage4.num_generations=2", "stage4.num_envs=2"),
 }
 DRY_RUN_PROMPTS = ("prompt.schema=named", "prompt.sample_rows=false")
 #: Seconds each process may take at most (the budget caps them all).
@@ -115,7 +118,7 @@ TIMEOUTS = {"install": 90, "prepare": 180, "stage3": 240, "stage4": 180, "chaine
 TRAIN_MODULES = ("trl", "peft", "datasets", "duckdb", "gymnasium", "sqlglot", "accelerate")
 
 
-# -- the checks' own processes (each prints one RESULT line) -----------------------------------
+# -- the checks' processes (each prints a RESULT line per result) -------------------------------
 
 
 def _config(model: str, out: str, check: str, form: str) -> Any:

@@ -106,11 +106,13 @@ def test_the_device_mode_dry_run_passes(tmp_path: Path) -> None:
     assert not scratch.exists()
     results = summary["results"]
     # the dry run's completions (benchmarks/gpu_smoke_device.py DRY_RUN), all of full length
-    assert results["stage3_peak"]["completion_length"] == 1000
+    assert results["stage3_peak"]["completion_length"] == 600
     assert results["stage3_peak"]["plan"]["fits"]
     for check in ("stage3_peak", "stage3_speed", "stage4"):
         assert all(std > 0 for std in results[check]["reward_std"]), check
     speed = results["stage3_speed"]
-    assert speed["sampler"] == "TransformersPolicy" and speed["planted"] == 2 * 2
+    assert speed["sampler"] == "TransformersPolicy" and speed["planted"] == 2 * 1
     assert speed["sampling_tokens_per_s"] > 0 and speed["training_tokens_per_s"] > 0
+    # each step: the planted rollout submits at its first turn, the sampled one plays both
+    assert results["stage4"]["turns"] == [1.5, 1.5] and results["stage4"]["planted"] == 2
     assert results["stage4"]["checkpoint_parameters"] == results["prepare"]["parameters"]
