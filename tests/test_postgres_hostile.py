@@ -388,6 +388,23 @@ def _talk(port: int) -> Any:
     return ws, send
 
 
+# A task whose test's assertion message quotes the gold result, as official tests often do.
+GOLD_ROW = "Zanzibar-7731"
+GOLD_TASK = {
+    "instance_id": "gold",
+    "db_id": "shop",
+    "query": "Which code is it?",
+    "issue_sql": ["SELECT 'wrong' AS code"],
+    "sol_sql": [f"SELECT '{GOLD_ROW}' AS code"],
+    "test_cases": [
+        "def test_case(pred_sqls, sol_sqls, db_name, conn):\n"
+        "    pred, _ = perform_query_on_postgresql_databases(pred_sqls[0], db_name, conn)\n"
+        "    gold, _ = perform_query_on_postgresql_databases(sol_sqls[0], db_name, conn)\n"
+        "    assert pred == gold, f'expected {gold}, got {pred}'\n"
+    ],
+}
+
+
 def _episode(send: Any, task: Any) -> None:
     """A whole episode that fails, with every kind of answer: a read, an error, a malformed turn,
     a wrong submission, a turn after the end, an unknown task and the state."""
@@ -406,7 +423,7 @@ def _episode(send: Any, task: Any) -> None:
     send("state")
     seen = "\n".join(s for m in send.seen for s in _strings(m))
     assert _secrets(task)
-    for secret in _secrets(task):
+    for secret in [*_secrets(task), GOLD_ROW]:
         assert secret not in seen, secret[:200]
 
 
@@ -430,8 +447,9 @@ def test_serve_plays_postgresql_shows_no_answer_and_a_signal_stops_it_cleanly(
 
     build_shop(tmp_path / "dbs")
     path = tmp_path / "tasks.jsonl"
-    path.write_text("".join(json.dumps({**t, "dialect": "PostgreSQL"}) + "\n" for t in SHOP_TASKS))
-    task = next(t for t in load_tasks(path, db_dir=tmp_path / "dbs") if t.test_cases)
+    rows = [{**t, "dialect": "PostgreSQL"} for t in [*SHOP_TASKS, GOLD_TASK]]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    task = next(t for t in load_tasks(path, db_dir=tmp_path / "dbs") if t.instance_id == "gold")
     monkeypatch.setenv("BIRDENV_HOME", str(tmp_path / "home"))
     process, port, banner = _serve("--tasks", str(path), "--db-dir", str(tmp_path / "dbs"))
     cluster = PrivateCluster()

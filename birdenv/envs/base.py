@@ -8,6 +8,7 @@ observations, ``render``, ``close``) lives here once.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Any, ClassVar
@@ -109,6 +110,23 @@ def render_prompt(
 #: :class:`ToolEnv` subclass defined for it, as each names its :attr:`~ToolEnv.task_type` and
 #: :attr:`~ToolEnv.dialect` (:func:`birdenv.envs.env_class_for` reads it).
 ENVIRONMENTS: dict[tuple[str, str], type[ToolEnv]] = {}
+
+
+# Phases whose message is the task's own code speaking: a test's assertion message, or the error
+# of the gold SQL a test (or BIRD's judge) ran, can quote the gold SQL or its rows.
+_ANSWER_PHASES = frozenset({"tests", "gold"})
+
+
+def shown_verdict(verdict: Any) -> Any:
+    """``verdict`` as the agent (its observation) and a client (the info dict) see it: where its
+    message comes from the task's tests or gold SQL, only the kind of failure is kept (its first
+    words, up to a colon); the full verdict stays on the environment's ``verdict``."""
+    if getattr(verdict, "phase", None) not in _ANSWER_PHASES or not verdict.error:
+        return verdict
+    kind = verdict.error.split("\n", 1)[0].split(":", 1)[0].strip()
+    return dataclasses.replace(
+        verdict, error=f"{kind} (the message is not shown: it can quote the answer)"
+    )
 
 
 class ToolEnv(gym.Env[str, str]):
@@ -278,7 +296,7 @@ class ToolEnv(gym.Env[str, str]):
             else:
                 # Judged on fresh states, never on this trajectory's mutated one.
                 self.verdict, reward = self.judge_submission(call.arguments["sql_list"])
-                observation = format_verdict(self.verdict)
+                observation = format_verdict(shown_verdict(self.verdict))
                 terminated = True
         observation = in_charset(observation)
         self.messages.append({"role": "tool", "content": observation})
@@ -286,7 +304,7 @@ class ToolEnv(gym.Env[str, str]):
         if elapsed is not None:
             info["elapsed"] = elapsed  # the statement's own seconds (for stores and reports)
         if terminated:
-            info["verdict"] = self.verdict.to_dict()
+            info["verdict"] = shown_verdict(self.verdict).to_dict()
             self._release()
         return observation, reward, terminated, False, info
 
