@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from birdenv.errors import SessionClosedError
+from birdenv.errors import BirdEnvError, SessionClosedError
 from birdenv.replicas import descriptors
 from birdenv.replicas.guard import authorizer
 from birdenv.replicas.results import (
@@ -55,8 +55,8 @@ MAX_VALUE_BYTES = 64 << 20
 _PROGRESS_STEPS = 2_000
 
 
-class StatementTimeout(sqlite3.OperationalError):
-    """A statement ran past its deadline and was interrupted."""
+class StatementTimeout(BirdEnvError, sqlite3.OperationalError):
+    """A statement ran past its deadline and was interrupted (an SQLite error, as an interrupt is)."""
 
 
 @dataclasses.dataclass(frozen=True)
