@@ -32,10 +32,12 @@ from birdtrain import missing_extra
 from birdtrain.config import PRESETS, STAGES, EvalConfig, EvaluationConfig, load_config
 from birdtrain.endpoint import TeacherError
 from birdtrain.rundir import (
+    hold,
     interrupt_behind,
     interrupted_message,
     interrupted_status,
     raise_on_sigterm,
+    working_on,
 )
 
 __all__ = ["main"]
@@ -135,7 +137,6 @@ def _cmd_mixture(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from birdenv.tasks import load_tasks
     from birdtrain.evaluate import evaluate_policy
-    from birdtrain.rundir import hold, working_on
 
     tasks = (
         load_tasks(args.tasks, db_dir=args.db_dir or args.db_root)
