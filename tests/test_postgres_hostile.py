@@ -722,3 +722,12 @@ def test_the_whole_catalogue_in_two_trajectories(pg_pool: DatabasePool, pg_shop:
     assert max(longest.values()) <= CATALOGUE_BOUND
     pg_pool.drain()
     _fresh_process_plays(pg_pool, pg_shop)
+
+
+def test_a_nul_character_is_a_clear_error_not_a_cut_statement(
+    pg_pool: DatabasePool, pg_shop: str
+) -> None:
+    with _session(pg_pool, pg_shop) as s:
+        cut = s.execute("DELETE FROM orders\x00; SELECT 1")
+        assert "NUL" in cut.error, cut
+        assert s.execute("SELECT count(*) FROM orders").rows == [(4,)]  # nothing ran

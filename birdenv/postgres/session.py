@@ -80,6 +80,8 @@ class _Reader:
     ) -> tuple[list[tuple[Any, ...]] | None, list[str], bool]:
         """Send ``sql``, read every result to the end; the last statement's ``(rows, columns,
         truncated)``. The first error is raised once the connection is idle again."""
+        if "\x00" in sql:  # libpq would send the text before it alone; psycopg2 refuses it so
+            raise ValueError("A string literal cannot contain NUL (0x00) characters.")
         self.pgconn.send_query(sql.encode(self.encoding))
         self.pgconn.set_single_row_mode()
         self.conn.wait(_generators().send(self.pgconn))
