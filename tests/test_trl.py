@@ -183,20 +183,23 @@ def test_two_grpo_steps_on_a_mixture(shop_tasks: list, tmp_path: Path) -> None:
 
     questions = load_bird("bird-mini-train")[:1]
     reported: dict[str, list[tuple[object, list[str], float]]] = {}
+    started: dict[str, int] = {}
 
     def handing_in(base: type, gold, wrong) -> type:
         name = f"HandsIn{base.__name__}"
 
         def reset(self, **row: object) -> str:
             prompt = base.reset(self, **row)
-            done = reported.setdefault(name, [])
-            self.submission = gold(self.env.task) if len(done) % 2 == 0 else wrong(self.env.task)
+            # A step resets its group's rollouts before it asks any for a reward: count resets.
+            started[name] = started.get(name, 0) + 1
+            task = self.env.task
+            self.submission = gold(task) if started[name] % 2 else wrong(task)
             self.submit_solution(self.submission)
             return prompt
 
         def get_reward(self) -> float:
             reward = base.get_reward(self)
-            reported[name].append((self.env.task, self.submission, reward))
+            reported.setdefault(name, []).append((self.env.task, self.submission, reward))
             return reward
 
         return type(name, (base,), {"reset": reset, "get_reward": get_reward})
