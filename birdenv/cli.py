@@ -24,7 +24,7 @@ from birdenv.errors import BirdEnvError
 from birdenv.judge import INSTANCE_TIMEOUT
 from birdenv.tasks import CATEGORIES, Task, load_tasks
 
-__all__ = ["main"]
+__all__ = ["main", "subcommand"]
 
 
 def _progress(items: Iterable[Any], total: int, label: str) -> Iterator[Any]:
@@ -296,6 +296,14 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def subcommand(commands: Any, name: str, func: Any, help: str) -> argparse.ArgumentParser:
+    """The subcommand ``name`` of ``commands`` (an ``add_subparsers()`` result), run by ``func``:
+    the one shape of both command lines' subcommands."""
+    parser = commands.add_parser(name, help=help)
+    parser.set_defaults(func=func)
+    return parser
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="birdenv", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -303,14 +311,18 @@ def _build_parser() -> argparse.ArgumentParser:
     data = commands.add_parser("data", help="the bundled suites").add_subparsers(
         dest="data_command", required=True
     )
-    data.add_parser(
-        "list", help="suites, task counts per category, databases and sizes"
-    ).set_defaults(func=_cmd_data_list)
-    build = data.add_parser("build", help="build (or rebuild) the bundled databases")
+    subcommand(
+        data, "list", _cmd_data_list, help="suites, task counts per category, databases and sizes"
+    )
+    build = subcommand(
+        data, "build", _cmd_data_build, help="build (or rebuild) the bundled databases"
+    )
     build.add_argument("--force", action="store_true", help="rebuild even when the cache is intact")
-    build.set_defaults(func=_cmd_data_build)
-    validate = data.add_parser(
-        "validate", help="judge every task's gold (must pass) and issue SQL (must fail)"
+    validate = subcommand(
+        data,
+        "validate",
+        _cmd_data_validate,
+        help="judge every task's gold (must pass) and issue SQL (must fail)",
     )
     _add_task_source(validate)
     validate.add_argument(
@@ -319,10 +331,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="validate BIRD questions instead: bird-mini-train, bird-mini-eval or a file",
     )
     validate.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
-    validate.set_defaults(func=_cmd_data_validate)
 
-    evaluate = commands.add_parser(
+    evaluate = subcommand(
+        commands,
         "evaluate",
+        _cmd_evaluate,
         help="judge predictions like the official evaluators (BIRD-CRITIC SR, or BIRD EX)",
     )
     evaluate.add_argument(
@@ -376,24 +389,29 @@ def _build_parser() -> argparse.ArgumentParser:
             "instances largest database first (not slowest first by remembered times)"
         ),
     )
-    evaluate.set_defaults(func=_cmd_evaluate)
 
-    play = commands.add_parser("play", help="be the agent yourself on a task, in the terminal")
+    play = subcommand(
+        commands, "play", _cmd_play, help="be the agent yourself on a task, in the terminal"
+    )
     play.add_argument("task_id", nargs="?", help="task to play (default: one at random)")
     _add_task_source(play)
-    play.set_defaults(func=_cmd_play)
 
-    demo = commands.add_parser(
-        "demo", help="build data, run reference agents in the env, evaluate them"
+    demo = subcommand(
+        commands,
+        "demo",
+        _cmd_demo,
+        help="build data, run reference agents in the env, evaluate them",
     )
     demo.add_argument("--suite", default="critic-mini", choices=suites.names())
     demo.add_argument("--limit", type=int, default=0, help="only the first N tasks (0: all)")
     demo.add_argument("--out", default="runs/demo", help="where predictions and verdicts go")
     demo.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="judging processes")
-    demo.set_defaults(func=_cmd_demo)
 
-    serve = commands.add_parser(
-        "serve", help="serve the environments to OpenEnv clients (HTTP and WebSocket)"
+    serve = subcommand(
+        commands,
+        "serve",
+        _cmd_serve,
+        help="serve the environments to OpenEnv clients (HTTP and WebSocket)",
     )
     serve.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: loopback only)"
@@ -413,11 +431,8 @@ def _build_parser() -> argparse.ArgumentParser:
         help="seconds of silence that close a session and free its lease (0: never)",
     )
     serve.add_argument("--max-turns", type=int, help="turns per episode (default: the env's, 5)")
-    serve.set_defaults(func=_cmd_serve)
 
-    commands.add_parser("doctor", help="which replica strategy is in use, and why").set_defaults(
-        func=_cmd_doctor
-    )
+    subcommand(commands, "doctor", _cmd_doctor, help="which replica strategy is in use, and why")
     return parser
 
 

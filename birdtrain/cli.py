@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from birdenv.cli import subcommand
 from birdenv.errors import BirdEnvError
 from birdenv.schema import SCHEMA_MODES
 from birdtrain import missing_extra
@@ -249,10 +250,9 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 def _command(
     commands: Any, name: str, func: Any, help: str, *, config: bool = False
 ) -> argparse.ArgumentParser:
-    """The subcommand ``name`` of ``commands``, run by ``func``; with ``config``, it takes a
-    configuration (:func:`_add_config_args`)."""
-    parser = commands.add_parser(name, help=help)
-    parser.set_defaults(func=func)
+    """:func:`birdenv.cli.subcommand`; with ``config``, it takes a configuration
+    (:func:`_add_config_args`)."""
+    parser = subcommand(commands, name, func, help)
     if config:
         _add_config_args(parser)
     return parser
