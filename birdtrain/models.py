@@ -27,6 +27,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from birdenv.files import exclusive_lock
+from birdenv.suites import home
+from birdenv.tasks import load_tasks
+from birdenv.tools import format_tool_call
 from birdtrain import weights
 from birdtrain.config import ModelConfig
 
@@ -82,9 +86,9 @@ def prompt_corpus(limit: int = 60) -> list[str]:
     Merges learnt on it encode a prompt in about a third of the tokens a byte-level vocabulary
     needs, which is what makes CPU smoke runs of the whole curriculum fast.
     """
-    from birdenv import load_tasks
+    # The environments bring gymnasium (0.65 s of CPU): only the tiny model's vocabulary needs
+    # a rendered prompt, and `birdtrain plan` imports this module.
     from birdenv.envs.critic import render_prompt
-    from birdenv.tools import format_tool_call
 
     texts = []
     for task in load_tasks("gym-mini")[:limit]:
@@ -250,8 +254,6 @@ def build_qwen_coder(name: str, path: str | Path) -> Path:
     """
     import json
 
-    from birdenv.files import exclusive_lock
-
     release = weights.RELEASES[name]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -304,7 +306,6 @@ def resolve_model(name_or_path: str, *, cache: str | Path | None = None) -> str:
     Anything else must be an existing path or look like a hub id (``org/name``); a ``ValueError``
     names the choices otherwise.
     """
-    from birdenv.suites import home
 
     cache = Path(cache) if cache is not None else home() / "models"
     if name_or_path == "tiny":

@@ -19,6 +19,8 @@ from typing import Any, Protocol
 from birdenv.errors import MissingExtraError
 from birdenv.interrupts import interruptible
 from birdenv.tools import TOOL_SCHEMAS
+from birdtrain.endpoint import Teacher
+from birdtrain.models import inference_device, load_policy, load_tokenizer, resolve_model
 
 __all__ = [
     "SAMPLING",
@@ -483,8 +485,6 @@ def uses_vllm(engine: str | bool, model_path: str) -> bool:
     import torch
     from transformers import AutoConfig
 
-    from birdtrain.models import resolve_model
-
     config = AutoConfig.from_pretrained(resolve_model(model_path))
     unsupported = vllm_unsupported(config, cuda=torch.cuda.is_available())
     if unsupported and engine != "auto":
@@ -509,8 +509,6 @@ def generation_policy(
     (:class:`TransformersPolicy`)."""
     import torch
     from transformers import AutoConfig
-
-    from birdtrain.models import inference_device, load_policy, load_tokenizer, resolve_model
 
     path = resolve_model(model_path)
     if not uses_vllm(engine, path):
@@ -547,7 +545,6 @@ class EndpointPolicy:
     PREFIX = "endpoint:"
 
     def __init__(self, url: str, model: str, *, api_key: str | None = None) -> None:
-        from birdtrain.endpoint import Teacher
 
         self.client = Teacher(url, model, api_key=api_key)
         self.name = model
