@@ -29,9 +29,12 @@ from typing import Any
 from birdenv.cli import subcommand
 from birdenv.errors import BirdEnvError
 from birdenv.schema import SCHEMA_MODES
-from birdtrain import missing_extra
+from birdenv.tasks import load_tasks
+from birdtrain import missing_extra, weights
 from birdtrain.config import PRESETS, STAGES, EvalConfig, EvaluationConfig, load_config
 from birdtrain.endpoint import TeacherError
+from birdtrain.models import resolve_model
+from birdtrain.report import write_report
 from birdtrain.rundir import (
     hold,
     interrupt_behind,
@@ -40,13 +43,14 @@ from birdtrain.rundir import (
     raise_on_sigterm,
     working_on,
 )
+from birdtrain.trajectory_store import TrajectoryStore
 
 __all__ = ["main"]
 
-# Each command imports its machinery when it runs, not here: this module and what it imports
-# above cost 0.18 s of CPU, the curriculum, the stages and evaluation with them ~2 s (measured
-# with `python -c "import birdtrain.cli"`), which `birdtrain --help`, `report` and `compare`
-# would pay for nothing.
+# The curriculum, the stages and evaluation are imported by the commands that run them: this
+# module and what it imports above cost 0.2 s of CPU, those ~2 s more (measured with
+# `python -c "import birdtrain.cli"`), which `birdtrain --help`, `report` and `models` would pay
+# for nothing.
 
 
 def _config_from(args: argparse.Namespace) -> Any:
@@ -136,7 +140,6 @@ def _cmd_mixture(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from birdenv.tasks import load_tasks
     from birdtrain.evaluate import evaluate_policy
 
     tasks = (
@@ -204,8 +207,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from birdtrain import weights
-    from birdtrain.models import resolve_model
 
     if args.action == "requirements":
         print(weights.requirements(args.name), end="")
@@ -218,14 +219,12 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from birdtrain.report import write_report
 
     print(write_report(args.run_dir))
     return 0
 
 
 def _cmd_trajectories(args: argparse.Namespace) -> int:
-    from birdtrain.trajectory_store import TrajectoryStore
 
     store = TrajectoryStore(args.run_dir)
     if args.sql:
