@@ -44,8 +44,8 @@ def test_the_environment_is_chosen_by_kind_and_dialect(pg_tasks: list, sqlite_ta
     assert env_class_for(pg_tasks[0]) is BirdCriticPgEnv
     assert env_class_for(sqlite_tasks[0]) is BirdCriticEnv
     assert env_class_for(Task) is BirdCriticEnv and env_class_for(BirdTask) is BirdSQLEnv
-    mysql = dataclasses.replace(sqlite_tasks[0], dialect="MySQL")
-    with pytest.raises(TaskKindError, match="no environment plays critic tasks in MySQL"):
+    mysql = dataclasses.replace(sqlite_tasks[0], dialect="MySQL")  # held by its name, "mysql"
+    with pytest.raises(TaskKindError, match="no environment plays critic tasks in mysql"):
         env_class_for(mysql)
 
 
