@@ -151,13 +151,14 @@ class Interrupt:
 INTERRUPTS = {
     # Ctrl-C: the terminal signals the whole process group (the env workers ignore SIGINT).
     "ctrl-c": Interrupt(EVAL_ONLY, signal.SIGINT, True, "eval/before", "the evaluation before"),
-    # A job scheduler signals the command, which runs the evaluation in a process of its own.
+    # A job scheduler signals the command, which runs the round of evaluations in a process of
+    # its own (the command knows the round, not which of its evaluations was under way).
     "sigterm-isolated": Interrupt(
         [*EVAL_ONLY, "isolate=true"],
         signal.SIGTERM,
         False,
         "eval/before",
-        "the evaluation before",
+        "the evaluations before",
     ),
     # timeout(1), Slurm, systemd: SIGTERM to the group; the evaluation's async env workers die
     # of it at once, and their broken pipes must not become the parent's traceback.
