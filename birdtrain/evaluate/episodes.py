@@ -16,7 +16,7 @@ from birdenv.tasks import Task
 from birdenv.vector import make_vec
 from birdtrain.config import EvaluationConfig
 from birdtrain.data.kinds import training_kind
-from birdtrain.policies import EndpointPolicy, generation_policy
+from birdtrain.policies import EndpointPolicy, VLLMEnginePolicy, generation_policy
 from birdtrain.prompts import parse_solution, single_turn_prompt
 from birdtrain.rollout import VECTOR_KWARGS, Episode, collect
 from birdtrain.timeline import Timeline
@@ -184,10 +184,11 @@ def _model_episodes(
     ``ray``: a Ray vector env over the cluster); ``on_episode`` sees each episode as it ends."""
 
     # The env workers fork before the engine starts: a vLLM engine's threads, sockets and locks
-    # do not survive a fork. In a sharing_engines block an engine of an earlier evaluation may
-    # run already, so the workers start from the fork server instead (a process that never
-    # loaded it).
-    vector_kwargs = VECTOR_KWARGS if _SHARED is None else {**VECTOR_KWARGS, "context": "forkserver"}
+    # do not survive a fork. In a sharing_engines block the vLLM engine of an earlier evaluation
+    # may run already, so the workers then start from the fork server (a process that never
+    # loaded it). Only then: the fork server is one more process a signal to the group ends.
+    engine_running = any(isinstance(g, VLLMEnginePolicy) for g in (_SHARED or {}).values())
+    vector_kwargs = {**VECTOR_KWARGS, "context": "forkserver"} if engine_running else VECTOR_KWARGS
     envs = make_vec(
         min(num_envs, len(tasks) * n),
         tasks=tasks,
