@@ -471,3 +471,22 @@ def test_too_many_connections_is_a_clear_error_not_a_hang(tmp_path: Path) -> Non
         for session in held:
             session.close()
         server.close()
+
+
+def test_a_forked_process_does_not_lease_from_its_parents_default_pool() -> None:
+    """An environment worker forked from a process whose default pool holds ready clones makes a
+    pool of its own: leasing from its copy of the parent's, both would lease one clone, and the
+    first to release it would drop it (and its role) under the other."""
+    from birdenv.postgres.pool import current_database_pool, default_database_pool
+
+    parent = default_database_pool()
+    assert current_database_pool() is parent
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports, and ends without running the parent's exit hooks
+        os.write(write, b"own" if current_database_pool() is None else b"parent's")
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert os.read(read, 16) == b"own"
+    os.close(read)

@@ -751,6 +751,17 @@ _DEFAULT: DatabasePool | None = None
 _DEFAULT_LOCK = threading.Lock()
 
 
+def _forget_in_child() -> None:
+    # A forked process (an environment worker) makes a pool of its own: the ready clones its
+    # copy of the parent's pool lists are the parent's, which both would lease, and the first
+    # to release one would drop it (and its role) under the other.
+    global _DEFAULT, _DEFAULT_LOCK
+    _DEFAULT, _DEFAULT_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def current_database_pool() -> DatabasePool | None:
     """The process's default pool if it was made and is open, else None (nothing is started)."""
     with _DEFAULT_LOCK:
