@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from birdtrain.trajectory_store import TrajectoryStore
+from tests.interrupting import session_processes
 
 #: The smoke preset, every stage, cut to a few steps, and one evaluation of the final model.
 FULL = [
@@ -52,14 +53,7 @@ def _env() -> dict[str, str]:
 
 
 def _session_alive(session: int) -> bool:
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session and fields[0] != "Z":
-            return True
-    return False
+    return bool(session_processes(session))
 
 
 def _run(out: Path, config: list[str], kill_after: float | None = None) -> int | None:
