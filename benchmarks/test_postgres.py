@@ -22,8 +22,8 @@ import pytest
 
 from birdenv.judge.postgres import TaskDatabases, judge_pg_many
 from birdenv.postgres import DatabasePool, Lease, PgSession, PrivateCluster, Server, find_bindir
-from birdenv.postgres.pool import OWNER_ROLE
 from birdenv.postgres.session import run_pg_statement
+from birdenv.postgres.templates import OWNER_ROLE
 from birdenv.replicas import Limits
 from birdenv.tasks import load_tasks
 

@@ -390,11 +390,11 @@ def test_clones_leaked_by_a_crashed_process_are_dropped_at_the_next_start(
 ) -> None:
     import subprocess
 
-    from birdenv.postgres.pool import _HOST, _LIFE
+    from birdenv.postgres.clones import clone_name
 
     dead = subprocess.Popen(["true"])  # a process id that no longer runs
     dead.wait()
-    name = f"bc_{_HOST}_{dead.pid}_{_LIFE}_0"
+    name = clone_name(dead.pid)
     with pg_pool.server.admin() as admin:
         admin.execute(f"CREATE ROLE {name} LOGIN")
         admin.execute(f'CREATE DATABASE {name} TEMPLATE "{pg_shop}" OWNER {name}')

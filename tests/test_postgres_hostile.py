@@ -19,7 +19,7 @@ from birdenv.postgres import (
     Template,
     find_bindir,
 )
-from birdenv.postgres.pool import OWNER_ROLE
+from birdenv.postgres.templates import OWNER_ROLE
 from birdenv.replicas.session import Limits
 
 psycopg = pytest.importorskip("psycopg")

@@ -4,7 +4,7 @@ clones, and sessions with the same ``execute(sql) -> Result`` face as the SQLite
 Needs the ``postgres`` extra (``psycopg``); nothing on the SQLite path imports this package.
 """
 
-from birdenv.postgres.pool import DatabasePool, Lease, RoleLimits, Template, default_database_pool
+from birdenv.postgres.pool import DatabasePool, Lease, RoleLimits, default_database_pool
 from birdenv.postgres.server import (
     ExternalServer,
     PostgresNotFoundError,
@@ -15,6 +15,7 @@ from birdenv.postgres.server import (
     find_bindir,
 )
 from birdenv.postgres.session import PgSession
+from birdenv.postgres.templates import Template
 
 __all__ = [
     "DatabasePool",

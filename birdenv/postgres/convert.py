@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from birdenv.files import file_sha256
-from birdenv.postgres.pool import Template
+from birdenv.postgres.templates import Template
 
 __all__ = ["CONVERTER_VERSION", "convert", "pg_definition", "pg_type", "sqlite_template"]
 

@@ -1,14 +1,7 @@
-"""Per-trajectory PostgreSQL databases: templates named by content hash, and a pool of clones.
+"""Per-trajectory PostgreSQL databases: a pool of clones of templates.
 
-A template is an ordinary database made once from a source (:class:`Template`: a key, the
-source's content hash, and a function that loads it), named ``bt_{key}_{hash}``, marked a template
-and closed to connections: after it is made nobody connects to it again, so cloning it never
-fails on a visitor. Its objects belong to the role ``birdenv_owner``, which logs in nowhere and
-has no members; the databases themselves belong to the administrator. When a pool starts it checks
-every template's catalog entry (a template, closed to connections, no connection limit, no
-settings, no grants, its comment) and that ``birdenv_owner`` has no members: what differs is
-repaired, a template that was opened to connections (its contents may have changed) is dropped and
-rebuilt from its source on next use, and one line of the log says what was done.
+Templates (one per source, named by content hash, checked and repaired when a pool starts) are
+:mod:`birdenv.postgres.templates`; clones' names and leftovers, :mod:`birdenv.postgres.clones`.
 
 :class:`DatabasePool` keeps ``ready`` clones of each template it has served (``CREATE DATABASE ...
 TEMPLATE``), refilled by a background thread, so that :meth:`DatabasePool.lease` hands out a ready
@@ -28,9 +21,8 @@ advisory-lock functions are revoked in every clone (a lock taken by one would ou
 statement); :mod:`birdenv.postgres.watchdog` bounds each statement's time and locks, the private
 cluster its memory (:class:`~birdenv.postgres.server.PrivateCluster`).
 
-Clones are named ``bc_{host}_{pid}_{life}_{n}`` (``life``: random per process); a pool drops, when
-it starts, the clones and roles left by a process of this host that is no longer alive (a crash),
-or by an earlier process that had its process id.
+Clones left by a process that is gone are dropped when a pool starts
+(:func:`~birdenv.postgres.clones.leaked`).
 """
 
 from __future__ import annotations
@@ -39,13 +31,7 @@ import atexit
 import collections
 import contextlib
 import dataclasses
-import hashlib
-import itertools
-import logging
 import os
-import re
-import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from birdenv.errors import PoolClosedError
+from birdenv.postgres.clones import ADOPT, RENAMED, clone_name, leaked
 from birdenv.postgres.server import (
     PostgresServerError,
     PrivateCluster,
@@ -60,47 +47,24 @@ from birdenv.postgres.server import (
     default_server,
     psycopg,
 )
+from birdenv.postgres.templates import (
+    OWNER_ROLE,
+    Template,
+    build_template,
+    check_templates,
+    literal,
+    quote,
+)
 from birdenv.postgres.values import psycopg2_values
 from birdenv.postgres.watchdog import Watchdog
 
-log = logging.getLogger(__name__)
-
 __all__ = [
-    "OWNER_ROLE",
     "DatabasePool",
     "Lease",
     "RoleLimits",
-    "Template",
     "current_database_pool",
     "default_database_pool",
 ]
-
-#: The role that owns every template's objects; clones' roles are its members.
-OWNER_ROLE = "birdenv_owner"
-_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
-_CLONE = re.compile(r"^bc_([0-9a-f]{6})_(\d+)_([0-9a-f]{6})_\d+$")
-# Tells this process's clones from those of an earlier process that had the same id.
-_LIFE = secrets.token_hex(3)
-# Numbers clones across every pool of the process: names must not meet on one server.
-_COUNTER = itertools.count()
-
-
-@dataclasses.dataclass(frozen=True)
-class Template:
-    """A template's source: ``key`` (a short name, e.g. the database id), ``content_hash`` (of
-    the source: a different source is a different template) and ``load(conn)``, which fills the
-    new database through ``conn``, an administrator's autocommit connection whose role is
-    already set to ``birdenv_owner``."""
-
-    key: str
-    content_hash: str
-    load: Callable[[Any], None] = dataclasses.field(compare=False)
-
-    @property
-    def name(self) -> str:
-        """The template database's name: ``bt_{key}_{first 16 hex digits of the hash}``."""
-        key = re.sub(r"[^a-z0-9_]", "_", self.key.lower())[:40]
-        return f"bt_{key}_{self.content_hash[:16]}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,81 +99,6 @@ class Lease:
     def __post_init__(self) -> None:
         if not self.database:
             object.__setattr__(self, "database", self.name)
-
-
-# Run in every new clone as the administrator, {role} being the clone's role: schemas and
-# relations change owner (a table's own sequences follow it; other sequences after), and the
-# advisory-lock functions are revoked (unlocking stays): a session-level advisory lock outlives its
-# statement, and thousands of them fill the cluster's shared lock table for every trajectory.
-_ADOPT = """
-DO $adopt$
-DECLARE item record;
-BEGIN
-    FOR item IN SELECT p.oid::regprocedure AS fn FROM pg_proc p
-            WHERE p.pronamespace = 'pg_catalog'::regnamespace
-              AND p.proname LIKE '%advisory%lock%' AND p.proname NOT LIKE '%unlock%'
-    LOOP
-        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', item.fn);
-    END LOOP;
-    FOR item IN SELECT nspname FROM pg_namespace
-            WHERE nspname NOT IN ('pg_catalog', 'information_schema') AND nspname NOT LIKE 'pg\\_%'
-    LOOP
-        EXECUTE format('ALTER SCHEMA %I OWNER TO {role}', item.nspname);
-    END LOOP;
-    FOR item IN SELECT c.relkind, n.nspname, c.relname FROM pg_class c
-            JOIN pg_namespace n ON n.oid = c.relnamespace
-            WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
-              AND n.nspname NOT IN ('pg_catalog', 'information_schema')
-              AND n.nspname NOT LIKE 'pg\\_%'
-            ORDER BY c.relkind = 'S'
-    LOOP
-        BEGIN
-            EXECUTE format('ALTER %s %I.%I OWNER TO {role}',
-                CASE item.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
-                    WHEN 'f' THEN 'FOREIGN TABLE' WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END,
-                item.nspname, item.relname);
-        EXCEPTION WHEN feature_not_supported OR object_not_in_prerequisite_state THEN
-            NULL;  -- a sequence owned by a table column: it moved with its table
-        END;
-    END LOOP;
-END
-$adopt$
-"""
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _leaked(name: str) -> bool:
-    """Whether ``name`` is a clone of a process of this host that is gone (or of an earlier
-    process that had this one's id)."""
-    match = _CLONE.match(name)
-    if not match or match.group(1) != _HOST:
-        return False
-    pid = int(match.group(2))
-    return not _alive(pid) or (pid == os.getpid() and match.group(3) != _LIFE)
-
-
-# Databases a clone was renamed to (lease_as), and that clone's own name.
-_RENAMED = (
-    "SELECT datname, substr(shobj_description(oid, 'pg_database'), 15) FROM pg_database "
-    "WHERE shobj_description(oid, 'pg_database') LIKE 'birdenv clone %'"
-)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class DatabasePool:
@@ -289,7 +178,7 @@ class DatabasePool:
                 if not exists:
                     conn.execute(f"CREATE ROLE {OWNER_ROLE} NOLOGIN")
                 self._drop_leaked(conn)
-                self._check_templates(conn)
+                check_templates(conn, self.server.description)
             finally:
                 conn.execute("SELECT pg_advisory_unlock(hashtext('birdenv-setup'))")
 
@@ -299,86 +188,12 @@ class DatabasePool:
         names = {r for (r,) in conn.execute("SELECT datname FROM pg_database").fetchall()}
         names |= {r for (r,) in conn.execute("SELECT rolname FROM pg_roles").fetchall()}
         for name in sorted(names):
-            if _leaked(name):
+            if leaked(name):
                 self._drop(name, conn)
-        for database, clone in conn.execute(_RENAMED).fetchall():
-            if _leaked(clone):
-                conn.execute(f"DROP DATABASE IF EXISTS {_quote(database)} WITH (FORCE)")
+        for database, clone in conn.execute(RENAMED).fetchall():
+            if leaked(clone):
+                conn.execute(f"DROP DATABASE IF EXISTS {quote(database)} WITH (FORCE)")
                 self._drop(clone, conn)
-
-    def _check_templates(self, conn: Any) -> None:
-        """Put the owner role and every template back in the state :meth:`_build` left them in
-        (see the module's docstring); log one line when anything differed."""
-        repaired: list[str] = []
-        members = conn.execute(
-            "SELECT m.rolname FROM pg_auth_members a JOIN pg_roles r ON r.oid = a.roleid "
-            "JOIN pg_roles m ON m.oid = a.member WHERE r.rolname = %s",
-            (OWNER_ROLE,),
-        ).fetchall()
-        for (member,) in members:
-            conn.execute(f"REVOKE {OWNER_ROLE} FROM {_quote(member)}")
-            repaired.append(f"{member} no longer a member of {OWNER_ROLE}")
-        if conn.execute(
-            "SELECT 1 FROM pg_roles WHERE rolname = %s AND (rolcanlogin OR rolsuper OR "
-            "rolcreatedb OR rolcreaterole OR rolreplication OR rolbypassrls)",
-            (OWNER_ROLE,),
-        ).fetchone():
-            conn.execute(
-                f"ALTER ROLE {OWNER_ROLE} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
-                "NOREPLICATION NOBYPASSRLS"
-            )
-            repaired.append(f"{OWNER_ROLE}'s attributes")
-        dropped: list[str] = []
-        rows = conn.execute(
-            "SELECT d.datname, d.datistemplate, d.datallowconn, d.datconnlimit, "
-            "pg_get_userbyid(d.datdba), coalesce(shobj_description(d.oid, 'pg_database'), ''), "
-            "EXISTS (SELECT 1 FROM pg_db_role_setting s WHERE s.setdatabase = d.oid), "
-            "ARRAY(SELECT DISTINCT a.grantee::regrole::text FROM aclexplode(d.datacl) a "
-            "      WHERE a.grantee NOT IN (0, d.datdba)) "
-            "FROM pg_database d WHERE d.datname ~ '^bt_.+_[0-9a-f]+$'"
-        ).fetchall()
-        for name, template, allowconn, limit, owner, comment, settings, grantees in rows:
-            quoted = _quote(name)
-            if allowconn or not comment.startswith("birdenv template "):
-                # Open to connections, its contents may have changed; or not ours as made.
-                if template:
-                    conn.execute(f"ALTER DATABASE {quoted} IS_TEMPLATE false")
-                conn.execute(f"DROP DATABASE {quoted} WITH (FORCE)")
-                dropped.append(name)
-                continue
-            fixes = []
-            if not template:
-                fixes.append("IS_TEMPLATE true")
-            if limit != -1:
-                fixes.append("CONNECTION LIMIT -1")
-            if fixes:
-                conn.execute(f"ALTER DATABASE {quoted} WITH {' '.join(fixes)}")
-            if owner != OWNER_ROLE:
-                conn.execute(f"ALTER DATABASE {quoted} OWNER TO {OWNER_ROLE}")
-                fixes.append("owner")
-            if settings:
-                for (role,) in conn.execute(
-                    "SELECT CASE WHEN s.setrole = 0 THEN NULL ELSE s.setrole::regrole::text END "
-                    "FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase "
-                    "WHERE d.datname = %s",
-                    (name,),
-                ).fetchall():
-                    target = f"ROLE {role} IN DATABASE" if role else "DATABASE"
-                    conn.execute(f"ALTER {target} {quoted} RESET ALL")
-                fixes.append("settings")
-            for grantee in grantees:
-                conn.execute(f"REVOKE ALL ON DATABASE {quoted} FROM {grantee}")
-                fixes.append(f"grant to {grantee}")
-            if fixes:
-                repaired.append(f"{name} ({', '.join(fixes)})")
-        if repaired or dropped:
-            log.warning(
-                "database pool on %s: templates and roles checked: repaired %s; dropped %s "
-                "(rebuilt from their sources on next use)",
-                self.server.description,
-                "; ".join(repaired) or "nothing",
-                ", ".join(dropped) or "none",
-            )
 
     def template(self, source: Template) -> str:
         """Make the template for ``source`` unless it exists; return its name (safe across
@@ -392,31 +207,11 @@ class DatabasePool:
                 if not conn.execute(
                     "SELECT 1 FROM pg_database WHERE datname = %s AND datistemplate", (name,)
                 ).fetchone():
-                    self._build(source, conn)
+                    build_template(source, conn, self.server)
             finally:
                 conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (name,))
         self._made.add(name)
         return name
-
-    def _build(self, source: Template, conn: Any) -> None:
-        name, building = source.name, source.name[:55] + "_build"
-        conn.execute(f"DROP DATABASE IF EXISTS {_quote(building)} WITH (FORCE)")
-        conn.execute(
-            f"CREATE DATABASE {_quote(building)} TEMPLATE template0 OWNER {OWNER_ROLE} "
-            "ENCODING 'UTF8'"
-        )
-        try:
-            with psycopg().connect(**self.server.connect_kwargs(building), autocommit=True) as db:
-                db.execute(f"SET ROLE {OWNER_ROLE}")
-                source.load(db)
-        except BaseException:
-            conn.execute(f"DROP DATABASE IF EXISTS {_quote(building)} WITH (FORCE)")
-            raise
-        # Published whole, under its final name, only once it is complete.
-        conn.execute(f"ALTER DATABASE {_quote(building)} RENAME TO {_quote(name)}")
-        conn.execute(f"ALTER DATABASE {_quote(name)} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false")
-        comment = f"birdenv template {source.key} sha256:{source.content_hash}"
-        conn.execute(f"COMMENT ON DATABASE {_quote(name)} IS {_literal(comment)}")
 
     def templates(self) -> dict[str, str]:
         """The templates on the server: name -> comment (key and content hash)."""
@@ -429,18 +224,18 @@ class DatabasePool:
 
     # -- clones -------------------------------------------------------------------------------
     def _clone(self, template: str) -> str:
-        name = f"bc_{_HOST}_{os.getpid()}_{_LIFE}_{next(_COUNTER)}"
+        name = clone_name()
         limits = self.role_limits
         with self._admin() as conn:
             # A member of no role: nothing it inherits reaches a template or another role.
             conn.execute(f"CREATE ROLE {name} LOGIN")
             for setting in ("temp_file_limit", "work_mem", "client_connection_check_interval"):
                 value = getattr(limits, setting)
-                conn.execute(f"ALTER ROLE {name} SET {setting} = {_literal(value)}")
+                conn.execute(f"ALTER ROLE {name} SET {setting} = {literal(value)}")
             try:
                 how = f" STRATEGY {self.strategy}" if self.strategy else ""
                 # The administrator's database: its role cannot ALTER, COMMENT ON or mark it.
-                conn.execute(f"CREATE DATABASE {name} TEMPLATE {_quote(template)}{how}")
+                conn.execute(f"CREATE DATABASE {name} TEMPLATE {quote(template)}{how}")
             except BaseException:
                 with contextlib.suppress(Exception):
                     conn.execute(f"DROP ROLE IF EXISTS {name}")
@@ -457,14 +252,14 @@ class DatabasePool:
         query and change them. Revoke the advisory-lock functions there. Nothing outside the
         clone changes."""
         with psycopg().connect(**self.server.connect_kwargs(name), autocommit=True) as db:
-            db.execute(_ADOPT.replace("{role}", name))
+            db.execute(ADOPT.replace("{role}", name))
 
     def _drop(self, name: str, conn: Any | None = None) -> None:
         if conn is None:
             with self._admin() as own:
                 self._drop(name, own)
             return
-        quoted = _quote(name)
+        quoted = quote(name)
         try:
             conn.execute(f"DROP DATABASE IF EXISTS {quoted} WITH (FORCE)")
         except psycopg().errors.WrongObjectType:  # marked a template (by an older version's role)
@@ -618,8 +413,8 @@ class DatabasePool:
         with self._admin() as conn:
             while True:
                 try:
-                    conn.execute(f"ALTER DATABASE {_quote(name)} RENAME TO {_quote(database)}")
-                    conn.execute(f"COMMENT ON DATABASE {_quote(database)} IS {_literal(mark)}")
+                    conn.execute(f"ALTER DATABASE {quote(name)} RENAME TO {quote(database)}")
+                    conn.execute(f"COMMENT ON DATABASE {quote(database)} IS {literal(mark)}")
                     return True
                 except psycopg().errors.DuplicateDatabase:
                     (comment,) = conn.execute(
@@ -630,8 +425,8 @@ class DatabasePool:
                     if not comment.startswith("birdenv clone "):
                         return False
                     holder = comment.removeprefix("birdenv clone ")
-                    if _leaked(holder):  # its process is gone: nobody will release it
-                        conn.execute(f"DROP DATABASE IF EXISTS {_quote(database)} WITH (FORCE)")
+                    if leaked(holder):  # its process is gone: nobody will release it
+                        conn.execute(f"DROP DATABASE IF EXISTS {quote(database)} WITH (FORCE)")
                         self._drop(holder, conn)
                         continue
                 except psycopg().errors.ObjectInUse:
@@ -651,7 +446,7 @@ class DatabasePool:
             # Dropped now, so that the name is free when the next lease of it gets the lock.
             try:
                 with self._admin() as conn:
-                    conn.execute(f"DROP DATABASE IF EXISTS {_quote(lease.database)} WITH (FORCE)")
+                    conn.execute(f"DROP DATABASE IF EXISTS {quote(lease.database)} WITH (FORCE)")
                     self._drop(lease.name, conn)
             finally:
                 self._names[lease.database].release()

@@ -182,12 +182,12 @@ def _skip_copy(pgconn: Any) -> Any:
 
 def _breach_error(breach: Breach | None, exc: BaseException, watchdog: Any) -> BaseException:
     """The error a statement that the watchdog ended gives: its own, or one naming the bound."""
-    if breach is None or breach.kind is None:
+    if breach is None or breach.bound is None:
         return exc
     ended = (
         "; it did not stop when cancelled, so its connection was ended" if breach.terminated else ""
     )
-    if breach.kind == "locks":
+    if breach.bound == "locks":
         return psycopg().errors.ProgramLimitExceeded(
             f"the statement held more than {watchdog.max_locks} locks, the bound of one "
             f"trajectory's session, and was cancelled{ended}"

@@ -41,13 +41,13 @@ def watchdog_of(conn: Any) -> Watchdog | None:
 
 @dataclasses.dataclass
 class Breach:
-    """One running statement as the watchdog sees it, and what it did to it: ``kind`` is None, or
-    ``"time"`` / ``"locks"`` once cancelled; ``terminated`` once its backend was ended."""
+    """One running statement as the watchdog sees it, and what it did to it: ``bound`` is None, or
+    the bound it broke, ``"time"`` / ``"locks"``, once cancelled; ``terminated`` once its backend was ended."""
 
     pid: int
     deadline: float | None
     started: float
-    kind: str | None = None
+    bound: str | None = None
     cancelled_at: float | None = None
     terminated: bool = False
 
@@ -121,15 +121,15 @@ class Watchdog:
                 entries = list(self._running.values())
             now = time.monotonic()
             for entry in entries:
-                if entry.kind is None and entry.deadline is not None and now >= entry.deadline:
+                if entry.bound is None and entry.deadline is not None and now >= entry.deadline:
                     self._act(entry, "time", "pg_cancel_backend")
                 elif (
                     entry.cancelled_at is not None
                     and not entry.terminated
                     and now >= entry.cancelled_at + self.grace
                 ):
-                    self._act(entry, entry.kind, "pg_terminate_backend")
-            watched = [e for e in entries if e.kind is None and now - e.started >= self.interval]
+                    self._act(entry, entry.bound, "pg_terminate_backend")
+            watched = [e for e in entries if e.bound is None and now - e.started >= self.interval]
             if watched:
                 for entry, count in self._lock_counts(watched):
                     if count > self.max_locks:
@@ -157,12 +157,12 @@ class Watchdog:
         counts = dict(rows)
         return [(e, counts.get(e.pid, 0)) for e in entries]
 
-    def _act(self, entry: Breach, kind: str | None, function: str) -> None:
+    def _act(self, entry: Breach, bound: str | None, function: str) -> None:
         with self._cond:
             if id(entry) not in self._running:
                 return  # the statement ended meanwhile
             if function == "pg_terminate_backend":
                 entry.terminated = True
             else:
-                entry.kind, entry.cancelled_at = kind, time.monotonic()
+                entry.bound, entry.cancelled_at = bound, time.monotonic()
             self._query(f"SELECT {function}(%s)", (entry.pid,))
