@@ -350,22 +350,45 @@ def load_tokenizer(name_or_path: str) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(name_or_path))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if tokenizer.chat_template is None:
+    template = tokenizer.chat_template
+    if template is None:
         return tokenizer
+    known, training = _known_form(template)
     try:
-        training = get_training_chat_template(tokenizer)
+        tokenizer.chat_template = known
+        training = training or get_training_chat_template(tokenizer)
+        if training is not None and getattr(tokenizer, "response_template", None) is None:
+            add_response_schema(tokenizer)
     except ValueError as exc:
         logging.getLogger(__name__).warning(
             "%s: %s Earlier turns may render differently in supervised data and in rollouts.",
             name_or_path,
             exc,
         )
-        return tokenizer
-    if training is not None:
-        if getattr(tokenizer, "response_template", None) is None:
-            add_response_schema(tokenizer)
-        tokenizer.chat_template = training
+        training = None
+    tokenizer.chat_template = training or template
     return tokenizer
+
+
+# Qwen2.5-Coder-Instruct's template is Qwen2.5-Instruct's with the tool-call example of its system
+# prompt written in doubled braces (it renders `{{"name": ...}}`), so TRL, which recognises a
+# template by its exact text, knows only the latter. The Coder's training form is TRL's Qwen2.5
+# training form with the same literal: it renders every conversation as the Coder's own does.
+_QWEN_CODER_LITERAL = (
+    '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}',
+    '{{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}}',
+)
+
+
+def _known_form(template: str) -> tuple[str, str | None]:
+    """``template`` as TRL knows it, and its training form where TRL would not find it: the
+    Qwen2.5-Coder template is given Qwen2.5's for TRL to recognise, and its own training form."""
+    from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat_template
+
+    plain, coder = _QWEN_CODER_LITERAL
+    if template == qwen2_5_chat_template.replace(plain, coder):
+        return qwen2_5_chat_template, qwen2_5_training_chat_template.replace(plain, coder)
+    return template, None
 
 
 def inference_device() -> str:

