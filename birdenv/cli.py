@@ -126,7 +126,7 @@ def _cmd_data_validate(args: argparse.Namespace) -> int:
         for line in problems:
             print(line)
         print(
-            f"{len(questions) - len(problems)}/{len(questions)} questions valid (gold runs, non-empty, < 1 s)"
+            f"{len(questions) - len(problems)}/{len(questions)} questions valid (gold runs, non-empty, < 1 s of CPU)"
         )
         return 1 if problems else 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -273,6 +274,22 @@ def test_validate_reports_gold_errors_and_empty_results(shop_root: Path, pool) -
     assert len(problems) == 2
     assert problems[0].startswith("question 2 (shop): the gold SQL fails")
     assert problems[1] == "question 3 (shop): the gold SQL returns no rows"
+
+
+def test_validate_bounds_the_gold_by_the_cpu_time_it_takes(shop_root: Path, pool) -> None:
+    # A million-row recursive count costs SQLite a few hundred CPU-milliseconds; the bound is on
+    # CPU time, so a busy machine, which stretches only the wall time, changes no verdict.
+    slow = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000000) "
+    tasks = [
+        shop_task(slow + "SELECT count(*) FROM n", shop_root, 1),
+        shop_task("SELECT name FROM customers", shop_root, 2),
+    ]
+    problems = validate_bird(tasks, pool=pool, max_seconds=0.02)
+    assert len(problems) == 1
+    assert re.fullmatch(
+        r"question 1 \(shop\): the gold SQL takes \d+\.\d\d s of CPU \(> 0\.02 s\)", problems[0]
+    )
+    assert validate_bird(tasks, pool=pool, max_seconds=30.0) == []
 
 
 # -- the bundled suite --------------------------------------------------------------------------
