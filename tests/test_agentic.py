@@ -145,6 +145,7 @@ def _check_accounting(traj: rollout.Episode, tokenizer: Any) -> None:
     assert traj.turns == len(assistant)
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_rollout_token_accounting_and_judge_rewards(
     asynchronous: bool, shop_tasks: list, tokenizer: Any
@@ -334,6 +335,7 @@ def test_two_grpo_steps_sync_scripted_actor(shop_tasks: list, tiny: Path, tmp_pa
         assert record["frac_reward_zero_std"] == 0.0
 
 
+@pytest.mark.stack
 def test_micro_batches_train_the_step_generated_once(
     shop_tasks: list, tiny: Path, tmp_path: Path
 ) -> None:
@@ -422,6 +424,7 @@ def test_a_resumed_stage4_stores_each_step_once(
     ]
 
 
+@pytest.mark.stack
 def test_two_grpo_steps_async_tiny_model(shop_tasks: list, tiny: Path, tmp_path: Path) -> None:
     """GRPO with the tiny model generating, through the default async vector env."""
     from birdtrain.stages import agentic
@@ -591,6 +594,7 @@ def test_stage4_refuses_fewer_tasks_than_one_step(shop_tasks: list, tiny: Path, 
     assert not (tmp_path / "s4" / "checkpoint").exists()
 
 
+@pytest.mark.stack
 def test_generation_policy_picks_an_engine_that_exists(tiny: Path) -> None:
     import importlib.util
 

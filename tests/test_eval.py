@@ -368,6 +368,7 @@ def test_curriculum_with_malformed_yaml(tmp_path: Path, capsys) -> None:
     assert f"{path}:4:1: not valid YAML" in err
 
 
+@pytest.mark.stack
 def test_an_evaluation_computes_in_the_dtype_asked(tmp_path: Path) -> None:
     """``--dtype bfloat16`` samples under autocast: the model's layers compute in bfloat16, and
     the summary says which dtype the figures come from."""
@@ -392,6 +393,7 @@ def test_an_evaluation_computes_in_the_dtype_asked(tmp_path: Path) -> None:
         generation_policy("tiny", engine="transformers", dtype="int8")
 
 
+@pytest.mark.stack
 def test_an_evaluation_reads_prompts_as_the_checkpoint_learned_them(tmp_path: Path, capsys) -> None:
     """A checkpoint trained on linked prompts without rows is evaluated on those by default (a
     model shown the full schema it never saw scores what it never learned); flags override one

@@ -288,6 +288,7 @@ def test_micro_batch_must_divide_the_step() -> None:
         load_config("paper-7b", overrides=["stage3.vllm_importance_sampling_mode=tokens"])
 
 
+@pytest.mark.stack
 def test_use_vllm_auto_is_vllm_where_installed_and_it_runs_the_model(
     tiny: str, tmp_path: Path
 ) -> None:
@@ -329,6 +330,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny")))
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize(
     ("dtype", "lora", "weights", "flag"),
     [
@@ -379,6 +381,7 @@ def test_several_gpus_are_refused_with_the_fix(one_gpu: Any, tiny: str) -> None:
     load_for_training(cfg, tiny)
 
 
+@pytest.mark.stack
 def test_the_vllm_extra_is_the_range_trl_supports() -> None:
     """TRL's colocated weight sync reaches into vLLM internals: only TRL's own range works."""
     tomllib = pytest.importorskip("tomllib")
@@ -505,6 +508,7 @@ def test_a_failing_stage_process_raises_its_error_here(tmp_path: Path) -> None:
     assert not (tmp_path / "smoke" / "stage1" / "DONE").exists()
 
 
+@pytest.mark.stack
 def test_evaluation_engine_settings_come_from_the_config() -> None:
     cfg = load_config(
         "paper-7b", overrides=["eval.gpu_memory_utilization=0.8", "eval.max_context=8192"]

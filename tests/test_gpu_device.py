@@ -33,6 +33,7 @@ def _wheel(folder: Path, name: str, version: str, *requires: str) -> Path:
     return path
 
 
+@pytest.mark.stack
 def test_carried_wheels_name_every_unmet_requirement(tmp_path: Path) -> None:
     """A requirement missing, one out of its bounds and a carried version shadowed by another are
     each named; a requirement behind a marker that does not hold here, and text below the
@@ -61,6 +62,7 @@ def test_carried_wheels_name_every_unmet_requirement(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.stack
 def test_carried_wheels_met_by_what_is_installed(tmp_path: Path) -> None:
     import numpy
 

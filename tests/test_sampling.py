@@ -12,6 +12,9 @@ pytest.importorskip("trl", reason="TRL is in the train extra")
 from birdtrain.models import build_tiny_model, load_policy
 from birdtrain.policies import TransformersPolicy, eos_token_ids
 
+# Sampling is what a transformers version changes: the vLLM lane runs these on its pins too.
+pytestmark = pytest.mark.stack
+
 PROMPT = [{"role": "user", "content": "SELECT name FROM customers WHERE city = NULL"}]
 
 

@@ -164,6 +164,7 @@ def test_shop_tasks_are_valid(shop: list[Task]) -> None:
 
 
 # -- (a) stage 2 trains on assistant turns only ----------------------------------------------
+@pytest.mark.stack
 def test_stage2_labels_only_assistant_turns(episodes: dict, tiny: str, tmp_path: Path) -> None:
     from birdtrain.stages import sft
 
@@ -324,6 +325,7 @@ def test_sft_refuses_a_max_length_that_cuts_every_assistant_turn(
         )
 
 
+@pytest.mark.stack
 def test_stage1_labels_only_the_completion(shop: list[Task], tiny: str, tmp_path: Path) -> None:
     from birdtrain.prompts import format_answer, single_turn_prompt
     from birdtrain.stages import sft
@@ -540,6 +542,7 @@ def test_an_interrupted_stage_resumes_from_its_last_checkpoint(
     assert not all(torch.equal(start[k], b[k]) for k in b)  # it trained
 
 
+@pytest.mark.stack
 def test_bfloat16_on_a_cpu_trains_and_samples_under_autocast(
     shop: list[Task], tiny: str, tmp_path: Path
 ) -> None:
@@ -590,6 +593,7 @@ def test_save_steps_is_checked() -> None:
 
 
 # -- (c) stages 1 and 3 end to end --------------------------------------------------------------
+@pytest.mark.stack
 def test_stage1_then_stage3_end_to_end(shop: list[Task], tiny: str, tmp_path: Path) -> None:
     import torch
     from safetensors.torch import load_file
@@ -642,6 +646,7 @@ def test_stage1_then_stage3_end_to_end(shop: list[Task], tiny: str, tmp_path: Pa
     assert not any(p.name not in {"s1", "s3"} for p in tmp_path.iterdir())
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize(
     ("stage", "lora"), [("stage3", False), ("stage4", False), ("stage3", True)]
 )
@@ -778,6 +783,7 @@ def test_rewards_on_real_completions(shop: list[Task]) -> None:
         solution_reward([None], [completions[0]], task_id=["nowhere_1"])
 
 
+@pytest.mark.stack
 def test_smollm_ends_a_turn_with_the_eos_of_its_template() -> None:
     """SmolLM2's tokenizer converted from its GGUF: the EOS is the token the chat template closes
     an assistant turn with (id 2, generation_config's); transformers 5.17 (what a vLLM install

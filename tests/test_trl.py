@@ -146,6 +146,7 @@ def _assert_rewards_are_the_verdicts(
     assert {reward for _, _, reward in reported} == {0.0, 1.0}  # passing and failing alike
 
 
+@pytest.mark.stack
 def test_two_grpo_steps_with_the_tiny_model(shop_tasks: list, tmp_path: Path) -> None:
 
     # The tiny random model never hands in a solution, so each rollout's environment hands one in
