@@ -15,6 +15,8 @@ import random
 import sqlite3
 from datetime import datetime, timedelta
 
+from birdenv.suites.databases._names import SURNAMES
+
 DB_ID = "hospital_records"
 VERSION = 1
 
@@ -226,42 +228,7 @@ FIRST_F = [
     "Mei",
 ]
 LAST = [
-    "Smith",
-    "Johnson",
-    "Williams",
-    "Brown",
-    "Jones",
-    "Garcia",
-    "Miller",
-    "Davis",
-    "Rodriguez",
-    "Martinez",
-    "Hernandez",
-    "Lopez",
-    "Gonzalez",
-    "Wilson",
-    "Anderson",
-    "Thomas",
-    "Taylor",
-    "Moore",
-    "Jackson",
-    "Martin",
-    "Lee",
-    "Perez",
-    "Thompson",
-    "White",
-    "Harris",
-    "Sanchez",
-    "Clark",
-    "Ramirez",
-    "Lewis",
-    "Robinson",
-    "Walker",
-    "Young",
-    "Allen",
-    "King",
-    "Wright",
-    "Scott",
+    *SURNAMES,
     "Nguyen",
     "Hill",
     "Flores",

@@ -15,6 +15,8 @@ import sqlite3
 from array import array
 from datetime import date, datetime, timedelta
 
+from birdenv.suites.databases._names import SURNAMES
+
 DB_ID = "retail_orders"
 VERSION = 1
 
@@ -209,42 +211,7 @@ FIRST = [
     "Raj",
 ]
 LAST = [
-    "Smith",
-    "Johnson",
-    "Williams",
-    "Brown",
-    "Jones",
-    "Garcia",
-    "Miller",
-    "Davis",
-    "Rodriguez",
-    "Martinez",
-    "Hernandez",
-    "Lopez",
-    "Gonzalez",
-    "Wilson",
-    "Anderson",
-    "Thomas",
-    "Taylor",
-    "Moore",
-    "Jackson",
-    "Martin",
-    "Lee",
-    "Perez",
-    "Thompson",
-    "White",
-    "Harris",
-    "Sanchez",
-    "Clark",
-    "Ramirez",
-    "Lewis",
-    "Robinson",
-    "Walker",
-    "Young",
-    "Allen",
-    "King",
-    "Wright",
-    "Scott",
+    *SURNAMES,
     "Torres",
     "Nguyen",
     "Hill",
