@@ -413,7 +413,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="address to bind (default: loopback only)"
     )
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--kind", choices=["critic", "bird"], default="critic", help="task kind")
+    serve.add_argument(
+        "--kind", default="critic", help="task kind: critic, bird or a registered one"
+    )
     serve.add_argument("--suite", help="bundled suite (default: the kind's evaluation suite)")
     serve.add_argument("--tasks", help="task file instead of a suite (databases in --db-dir)")
     serve.add_argument("--db-dir", help="folder holding the databases of --tasks")

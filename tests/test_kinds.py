@@ -16,7 +16,8 @@ import pytest
 
 import birdenv  # noqa: F401 - registers the bundled environments
 from birdenv.envs import ToolEnv, env_class_for
-from birdenv.errors import PredictionFormatError
+from birdenv.errors import PredictionFormatError, TaskKindError
+from birdenv.integrations.trajectory import kind_env_ids, task_list
 from birdenv.judge import Scorer, register_scorer, score
 from birdenv.predictions import Layout, Prediction, evaluate_file, register_layout
 from birdenv.replicas.pool import default_pool
@@ -224,3 +225,11 @@ def test_a_third_kind_is_loaded_played_judged_and_evaluated(
     result = evaluate_file(predictions, CountTask, tasks=str(task_file), db_dir=tmp_path)
     assert [row["status"] for row in result.counted] == ["success", "failed"]
     assert [row["category"] for row in result.rows] == ["count", "count"]
+
+    # Serving (birdenv serve, verl, SkyRL-gym): the integrations' trajectories find its
+    # environment by the kind's name, and an unknown name is refused naming the known ones.
+    assert kind_env_ids()["count"] == CountTask.env_id
+    served = task_list("count", tasks=task_file, db_dir=tmp_path)
+    assert [t.instance_id for t in served] == ["zoo_1", "zoo_2"]
+    with pytest.raises(TaskKindError, match=r"kind must be one of \[.*'count'.*\], got 'nope'"):
+        task_list("nope")

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import skyrl_gym
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
-from birdenv.integrations.trajectory import KINDS, Trajectory, task_list
+from birdenv.integrations.trajectory import Trajectory, kind_env_ids, task_list
 
 __all__ = ["BirdCriticSkyRLEnv", "BirdSQLSkyRLEnv", "skyrl_rows"]
 
@@ -112,7 +112,7 @@ def skyrl_rows(
     return [
         {
             "prompt": [{"role": "user", "content": ""}],
-            "env_class": KINDS[kind],
+            "env_class": kind_env_ids()[kind],
             "task_id": str(task.instance_id),
         }
         for task in task_list(kind, suite=suite, tasks=tasks, db_dir=db_dir)
@@ -120,8 +120,8 @@ def skyrl_rows(
 
 
 for _env_class in (BirdCriticSkyRLEnv, BirdSQLSkyRLEnv):
-    if KINDS[_env_class.kind] not in skyrl_gym.registry:
+    if kind_env_ids()[_env_class.kind] not in skyrl_gym.registry:
         skyrl_gym.register(
-            id=KINDS[_env_class.kind],
+            id=kind_env_ids()[_env_class.kind],
             entry_point=f"{__name__}:{_env_class.__name__}",
         )

@@ -30,12 +30,12 @@ import gymnasium as gym
 
 import birdenv
 from birdenv.envs import env_id_for, task_env
+from birdenv.errors import TaskKindError
+from birdenv.tasks import task_kinds
 from birdenv.tools import format_tool_call
 
-__all__ = ["KINDS", "Trajectory", "Turn", "task_list"]
+__all__ = ["Trajectory", "Turn", "kind_env_ids", "task_list"]
 
-#: The environment that plays each kind of task (``task.kind``).
-KINDS = {"critic": "BirdCritic-SQLite-v0", "bird": "BirdSQL-SQLite-v0"}
 
 _OVER = "status: error\nerror: the episode is over (submitted or out of turns); start a new one"
 _CLOSED = (
@@ -56,10 +56,17 @@ class Turn:
     passed: bool = False
 
 
+def kind_env_ids() -> dict[str, str]:
+    """Each kind of task's name (``task.kind``) -> the Gymnasium id of the SQLite environment
+    that plays it, for every kind the registry knows (:func:`birdenv.tasks.task_kinds`)."""
+    return {kind.kind: kind.env_id for kind in task_kinds()}
+
+
 def _env_id(kind: str) -> str:
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
-    return KINDS[kind]
+    ids = kind_env_ids()
+    if kind not in ids:
+        raise TaskKindError(f"kind must be one of {sorted(ids)}, got {kind!r}")
+    return ids[kind]
 
 
 @functools.lru_cache(maxsize=32)
