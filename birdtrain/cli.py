@@ -64,10 +64,13 @@ def _config_from(args: argparse.Namespace) -> Any:
 
 
 def _cmd_curriculum(args: argparse.Namespace) -> int:
-    from birdtrain.curriculum import run_curriculum
+    # A signal while the modules and the configuration load is named too (the run directory's
+    # own name comes inside).
+    with working_on(Path(args.output_dir or "."), "the curriculum"):
+        from birdtrain.curriculum import run_curriculum
 
-    cfg = _config_from(args)
-    results = run_curriculum(cfg, restart_from=args.restart_from)
+        cfg = _config_from(args)
+        results = run_curriculum(cfg, restart_from=args.restart_from)
     for key in ("before", *(f"after_{stage}" for stage in STAGES if stage in cfg.eval.after)):
         summary = results.get(key)
         if summary:
@@ -140,6 +143,12 @@ def _cmd_mixture(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    out_dir = Path(args.out)
+    with working_on(out_dir, "the evaluation"):  # loading the tasks and the model included
+        return _evaluate_command(args, out_dir)
+
+
+def _evaluate_command(args: argparse.Namespace, out_dir: Path) -> int:
     from birdtrain.evaluate import evaluate_policy
 
     tasks = (
@@ -153,8 +162,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         raise ValueError("--endpoint takes --endpoint-model NAME, and no --policy")
     policy = f"endpoint:{args.endpoint_model}@{args.endpoint}" if args.endpoint else args.policy
     policy = policy or "scripted"
-    out_dir = Path(args.out)
-    with hold(out_dir), working_on(out_dir, "the evaluation"):
+    with hold(out_dir):
         config = EvaluationConfig(
             mode=args.mode,
             n=args.n,

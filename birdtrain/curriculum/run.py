@@ -256,7 +256,12 @@ def run_curriculum(cfg: CurriculumConfig, *, restart_from: str | None = None) ->
     Returns the summaries: ``before``, ``after_<stage>`` for each stage of ``eval.after``,
     ``after`` (the final model's, when stage 4 is evaluated) and ``run_dir``.
     """
-    with open_run(cfg, restart_from=restart_from) as run_dir:
+    # The outermost name of the work under way: a signal between the stages and evaluations
+    # (preparing the directory, building the model, writing the report) is named too.
+    with (
+        working_on(cfg.run_dir, "the curriculum"),
+        open_run(cfg, restart_from=restart_from) as run_dir,
+    ):
         return _run_curriculum(cfg, run_dir)
 
 
