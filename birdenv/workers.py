@@ -16,11 +16,13 @@ import contextlib
 import math
 import multiprocessing
 import multiprocessing.connection
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from birdenv.errors import WorkerStartError
+from birdenv.interrupts import INTERRUPTS, interrupts_held
 from birdenv.replicas.placement import default_root
 from birdenv.replicas.pool import ReplicaPool
 
@@ -41,7 +43,16 @@ _START_FAILED = (
 
 
 def _serve(conn: Any, root: str, run: Callable[[ReplicaPool, Any], Any]) -> None:
-    """Answer each job that arrives on ``conn`` with ``run(pool, job)`` until ``None`` arrives."""
+    """Answer each job that arrives on ``conn`` with ``run(pool, job)`` until ``None`` arrives.
+
+    A worker leaves Ctrl-C to its parent, which stops it (a worker that raised on the terminal's
+    group signal would print its own traceback); SIGTERM ends it. Workers are started with both
+    held (:func:`~birdenv.interrupts.interrupts_held`), so that neither reaches one before it has
+    set them so; and so is the fork server the first one starts, which imports its preload
+    modules before it ignores SIGINT (a Ctrl-C then printed its own traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)
     with ReplicaPool(root) as pool:
         conn.send(_READY)
         while (job := conn.recv()) is not None:
@@ -113,10 +124,14 @@ def supervised_map(
     context.set_forkserver_preload(list(preload))
     root = str(default_root())
     pending = collections.deque(range(len(jobs)) if order is None else order)
-    workers = [_Worker(context, root, run) for _ in range(max(1, min(processes, len(jobs))))]
+    workers: list[_Worker] = []
     done: dict[int, R] = {}
     next_out = 0
     try:
+        # An interrupt held while they start is raised once each started one is in the list.
+        with interrupts_held():
+            for _ in range(max(1, min(processes, len(jobs)))):
+                workers.append(_Worker(context, root, run))
         while pending or any(w.job is not None for w in workers):
             for worker in workers:
                 if worker.job is None and pending:
@@ -160,7 +175,8 @@ def supervised_map(
                     continue
                 done[index] = failed(jobs[index], phase, why)
                 worker.stop(kill=True)
-                workers[i] = _Worker(context, root, run)
+                with interrupts_held():
+                    workers[i] = _Worker(context, root, run)
             while next_out in done:
                 yield done.pop(next_out)
                 next_out += 1

@@ -492,6 +492,17 @@ def uses_vllm(engine: str | bool, model_path: str) -> bool:
     return unsupported is None
 
 
+def kv_cache_bytes(text_config: Any, *, contexts: int, window: int, dtype: str) -> int:
+    """The bytes of KV cache that hold ``window`` tokens for each of ``contexts`` sequences of a
+    model (``text_config``: its text part's configuration) whose cache is in ``dtype``."""
+    heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
+    head = getattr(text_config, "head_dim", None) or (
+        text_config.hidden_size // text_config.num_attention_heads
+    )
+    per_token = 2 * text_config.num_hidden_layers * heads * head * (4 if dtype == "float32" else 2)
+    return contexts * window * per_token
+
+
 def generation_policy(
     model_path: str,
     *,
@@ -525,10 +536,9 @@ def generation_policy(
         # On a CPU, gpu_memory_utilization reserves that share of the machine's memory (and vLLM
         # refuses to start when it is not free): the KV cache is sized instead, for a whole window
         # of each context played at once (eval.num_envs), so that all of them are in flight.
-        heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-        head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        per_token = 2 * text.num_hidden_layers * heads * head * (4 if dtype == "float32" else 2)
-        options["kv_cache_memory_bytes"] = contexts * options["max_model_len"] * per_token
+        options["kv_cache_memory_bytes"] = kv_cache_bytes(
+            text, contexts=contexts, window=options["max_model_len"], dtype=dtype
+        )
     return VLLMEnginePolicy(path, load_tokenizer(path), **options)
 
 

@@ -80,6 +80,17 @@ def no_process_left(session: int) -> None:
         raise AssertionError(f"processes left after the command exited: {left}") from None
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler installed for ``signum`` (its ``SigCgt`` mask): a
+    command signalled before then meets the default action, as any program still starting up."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
 def process_named(session: int, name: str) -> bool:
     """Whether a live process of ``session`` has ``name`` in its name (``/proc/PID/comm``: at
     most 15 characters, e.g. ``VLLM::EngineCor`` for vLLM's engine process)."""

@@ -3,8 +3,9 @@ whole process group, as a machine that goes away) at seeded random moments and r
 the run it ends with equals an uninterrupted run with the same seed. Also a disk that fills during
 a checkpoint's write (a real one: a small tmpfs in a private mount namespace), and two writers.
 
-The slow form (``-m slow``) kills every stage's run 20 times; ``make test`` kills a run of stage 4
-alone (it writes the trajectory store) twice.
+The slow form (``-m slow``) kills every stage's run 20 times, and signals it 12 times with SIGTERM
+and SIGINT as a scheduler or a terminal does; ``make test`` kills a run of stage 4 alone (it writes
+the trajectory store) twice.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -23,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from birdtrain.trajectory_store import TrajectoryStore
-from tests.interrupting import session_processes
+from tests.interrupting import HANG, catches, no_process_left, session_processes, wait_for
 
 #: The smoke preset, every stage, cut to a few steps, and one evaluation of the final model.
 FULL = [
@@ -208,6 +210,71 @@ def test_killed_20_times_it_resumes_to_the_same_run(
     for run, attempts in runs:
         print(f"{run}: kill moments (s), exit status (None: killed), stages complete after:")
         print(attempts)
+        _check_against(expected, run)
+
+
+def _signalled(out: Path, config: list[str], signum: int, after: float) -> int:
+    """Run the curriculum; ``after`` seconds once it handles ``signum`` (its handler installed, as
+    the command's first act), send ``signum`` to its whole process group, as ``timeout``, Slurm
+    and Ctrl-C do, unless it ended first. Returns its exit status, after checking that a signalled
+    run ended in one line saying what it interrupted and that the same command resumes, with no
+    traceback and no process left."""
+    err_file = out / "err.txt"
+    with (out / "log.txt").open("a") as log, err_file.open("w") as err:
+        command = subprocess.Popen(
+            _command(out, config), stdout=log, stderr=err, start_new_session=True, env=_env()
+        )
+        wait_for(
+            lambda: catches(command.pid, signum) or command.poll() is not None,
+            "the command handles the signal",
+        )
+        try:
+            return command.wait(timeout=after)
+        except subprocess.TimeoutExpired:
+            os.killpg(command.pid, signum)
+        status = command.wait(timeout=HANG)
+    error = err_file.read_text()
+    if status == 0:  # it finished as the signal came
+        return status
+    assert status == 128 + signum, error[-3000:]
+    assert "Traceback" not in error, error[-3000:]
+    last = error.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"birdtrain: interrupted by {signal.Signals(signum).name} during .+; "
+        r".*run the same command to resume",
+        last,
+    ), last
+    no_process_left(command.pid)
+    return status
+
+
+@pytest.mark.slow
+def test_signalled_at_random_moments_each_ends_in_one_line_and_resumes_to_the_same_run(
+    full_reference: tuple[dict, float], tmp_path: Path
+) -> None:
+    """SIGTERM and SIGINT in turn to the process group, at seeded random moments of every stage
+    and evaluation; each attempt is checked by :func:`_signalled`, and each run, resumed by the
+    same command, ends as the uninterrupted run did."""
+    expected, seconds = full_reference
+    rng = random.Random(12)
+    signals, landed, runs = 12, 0, []
+    while landed < signals:
+        out = tmp_path / f"run{len(runs)}"
+        out.mkdir()
+        attempts: list = []
+        while landed < signals:
+            signum = (signal.SIGTERM, signal.SIGINT)[landed % 2]
+            moment = rng.uniform(0.0, seconds * min(1.0, (len(attempts) + 1) / signals))
+            status = _signalled(out, FULL, signum, moment)
+            attempts.append((signal.Signals(signum).name, round(moment, 1), status))
+            if status == 0:
+                break
+            landed += 1
+        if attempts[-1][2] != 0:
+            assert _run(out, FULL) == 0, (out / "log.txt").read_text()[-3000:]
+        print(f"{out}: signal, moment after its handler (s), exit status:", attempts)
+        runs.append(out / "smoke")
+    for run in runs:
         _check_against(expected, run)
 
 

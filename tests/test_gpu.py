@@ -522,6 +522,43 @@ def test_evaluation_engine_settings_come_from_the_config() -> None:
         load_config("smoke", overrides=["eval.gpu_memory_utilization=1.5"])
 
 
+@pytest.mark.stack
+def test_a_colocated_engine_on_a_cpu_gets_a_kv_cache_for_its_step(
+    tiny: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU, vLLM would take vllm_gpu_memory_utilization of the machine less the memory the
+    trainer's process already holds (the trained model): the stage sizes the engine's KV cache
+    instead, for the sequences one step generates together, while the trainer is built."""
+    import os
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from birdtrain.stages.training import colocated_kv_cache
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=4096)
+    text = AutoConfig.from_pretrained(tiny).get_text_config()
+    # K and V, each layer's key-value heads, float32 (the tiny checkpoint's dtype).
+    per_token = 2 * text.num_hidden_layers * text.num_key_value_heads * text.head_dim * 4
+    with colocated_kv_cache(args, tiny, contexts=4096):
+        space = os.environ["VLLM_CPU_KVCACHE_SPACE"]
+    assert int(space) == -(-4096 * 4096 * per_token // 2**30)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # an evaluation's engine sizes its own
+    with colocated_kv_cache(args, tiny, contexts=1):
+        assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"  # at least a GiB
+    for unsized in (
+        SimpleNamespace(use_vllm=False, vllm_mode="colocate", vllm_max_model_length=4096),
+        SimpleNamespace(use_vllm=True, vllm_mode="server", vllm_max_model_length=4096),
+    ):
+        with colocated_kv_cache(unsized, tiny, contexts=16):
+            assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "7")  # the user's own size wins
+    with colocated_kv_cache(args, tiny, contexts=4096):
+        assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "7"
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "7"
+
+
 def test_an_error_that_does_not_pickle_still_arrives_as_text(tmp_path: Path) -> None:
     """MissingExtraError's constructor takes other arguments than its message: unpickling it
     would fail, so its text crosses the process boundary instead."""

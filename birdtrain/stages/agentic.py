@@ -48,7 +48,12 @@ from birdtrain.stages.loading import load_for_training
 from birdtrain.stages.outputs import finish_stage
 from birdtrain.stages.precision import Precision
 from birdtrain.stages.shared_prompt import grpo_trainer_class
-from birdtrain.stages.training import check_batches, silence_trl_experimental, train
+from birdtrain.stages.training import (
+    check_batches,
+    colocated_kv_cache,
+    silence_trl_experimental,
+    train,
+)
 from birdtrain.trajectory_store import TrajectoryStore, episode_rows
 
 __all__ = [
@@ -337,24 +342,26 @@ def build_trainer(
     check_batches("stage4", len(tasks), stage.tasks_per_step, "tasks_per_step")
     model, tokenizer, peft_config, precision = load_for_training(cfg, model_path)
     args = GRPOConfig(**trainer_arguments(cfg, Path(out_dir), precision))
-    return grpo_trainer_class(stage.share_prompt)(
-        model=model,
-        processing_class=tokenizer,
-        reward_funcs=[make_reward_func()],
-        args=args,
-        train_dataset=build_dataset(tasks),
-        peft_config=peft_config,
-        rollout_func=make_rollout_func(
-            envs,
-            stage,
-            policy,
-            store=TrajectoryStore(Path(out_dir)),
-            categories={t.instance_id: t.category for t in tasks},
-            pool=[t.instance_id for t in tasks],
-            seed=cfg.seed,
-            groups_path=Path(out_dir) / "groups.jsonl",
-        ),
-    )
+    contexts = stage.tasks_per_step * stage.num_generations  # one step generated together
+    with colocated_kv_cache(args, model.name_or_path, contexts=contexts):
+        return grpo_trainer_class(stage.share_prompt)(
+            model=model,
+            processing_class=tokenizer,
+            reward_funcs=[make_reward_func()],
+            args=args,
+            train_dataset=build_dataset(tasks),
+            peft_config=peft_config,
+            rollout_func=make_rollout_func(
+                envs,
+                stage,
+                policy,
+                store=TrajectoryStore(Path(out_dir)),
+                categories={t.instance_id: t.category for t in tasks},
+                pool=[t.instance_id for t in tasks],
+                seed=cfg.seed,
+                groups_path=Path(out_dir) / "groups.jsonl",
+            ),
+        )
 
 
 def run(

@@ -38,7 +38,12 @@ from birdtrain.stages.loading import load_for_training
 from birdtrain.stages.outputs import finish_stage
 from birdtrain.stages.precision import Precision
 from birdtrain.stages.shared_prompt import grpo_trainer_class
-from birdtrain.stages.training import check_batches, silence_trl_experimental, train
+from birdtrain.stages.training import (
+    check_batches,
+    colocated_kv_cache,
+    silence_trl_experimental,
+    train,
+)
 
 __all__ = [
     "build_dataset",
@@ -234,22 +239,24 @@ def build_trainer(
     if s.format_reward_weight:
         reward_funcs.append(_format_reward)
     args = GRPOConfig(**trainer_arguments(cfg, out_dir, precision))
-    return grpo_trainer_class(s.share_prompt)(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=peft_config,
-        rollout_func=make_rollout_func(
-            [t for t in tasks if t.instance_id in kept],
-            s,
-            prompt=cfg.prompt.options(),
-            seed=cfg.seed,
-            policy=policy,
-            groups_path=Path(out_dir) / "groups.jsonl",
-        ),
-    )
+    contexts = s.prompts_per_step * s.num_generations  # one step generated together
+    with colocated_kv_cache(args, model.name_or_path, contexts=contexts):
+        return grpo_trainer_class(s.share_prompt)(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=peft_config,
+            rollout_func=make_rollout_func(
+                [t for t in tasks if t.instance_id in kept],
+                s,
+                prompt=cfg.prompt.options(),
+                seed=cfg.seed,
+                policy=policy,
+                groups_path=Path(out_dir) / "groups.jsonl",
+            ),
+        )
 
 
 def step_metrics(entry: dict[str, Any]) -> dict[str, Any]:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ from birdtrain.stages import weight_sync
 __all__ = [
     "StageError",
     "check_batches",
+    "colocated_kv_cache",
     "prompt_groups",
     "silence_trl_experimental",
     "stage_actor",
@@ -23,6 +27,39 @@ __all__ = [
 
 class StageError(BirdEnvError, ValueError):
     """A stage cannot train as configured (the message names the setting to change)."""
+
+
+@contextlib.contextmanager
+def colocated_kv_cache(args: Any, model_path: str, *, contexts: int) -> Iterator[None]:
+    """While a GRPO trainer is built with ``args`` on a CPU, its colocated vLLM engine gets a KV
+    cache sized for ``contexts`` sequences of its whole window (``VLLM_CPU_KVCACHE_SPACE``, in
+    GiB, unless the environment already sets it).
+
+    On a CPU, vLLM takes ``vllm_gpu_memory_utilization`` of the machine's memory less what its
+    process already holds, which here includes the model being trained: a 1.5B model left no
+    room at 0.2 and the engine refused to start. On a GPU the share is the card's, as TRL means.
+    """
+    import torch
+    from transformers import AutoConfig
+
+    if (
+        not args.use_vllm
+        or args.vllm_mode != "colocate"
+        or torch.cuda.is_available()
+        or "VLLM_CPU_KVCACHE_SPACE" in os.environ
+    ):
+        yield
+        return
+    config = AutoConfig.from_pretrained(model_path)
+    dtype = str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")
+    size = policies.kv_cache_bytes(
+        config.get_text_config(), contexts=contexts, window=args.vllm_max_model_length, dtype=dtype
+    )
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(size / 2**30)))
+    try:
+        yield
+    finally:
+        del os.environ["VLLM_CPU_KVCACHE_SPACE"]  # an evaluation's engine sizes its own
 
 
 def check_batches(stage: str, rows: int, per_step: int, key: str) -> None:
