@@ -7,7 +7,9 @@ TRL use::
 
     <tool_call>{"name": "execute_sql", "arguments": {"sql": "SELECT 1"}}</tool_call>
 
-Text outside the call (reasoning) is allowed.
+Text outside the call (reasoning) is allowed. A turn without ``<tool_call>`` tags whose one
+fenced JSON code block holds the call (```` ```json {"name": ..., "arguments": ...} ``` ````, as
+Qwen2.5-Coder-Instruct writes its calls) is read as that call.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 from collections.abc import Sequence
 from json.decoder import JSONDecoder
 from typing import Any
@@ -167,9 +170,24 @@ def _blocks(text: str) -> list[str]:
     return blocks
 
 
+# A fenced code block holding a JSON object: ```json, or ``` with no language, then the object.
+_FENCED = re.compile(r"```(?:json)?[ \t]*\n?(\{.*?\})\s*```", re.DOTALL)
+
+
+def _tagged(text: str) -> str:
+    """``text``, or, when it has no ``<tool_call>`` tag and exactly one fenced JSON code block,
+    that block's object between the tags: instruct models trained on code write their calls so
+    (Qwen2.5-Coder-1.5B-Instruct wrote every one of 72 opening turns so), and a call they meant
+    is read as the call it is. Two such blocks are not one call; tags, where present, rule."""
+    if _OPEN in text or "```" not in text:
+        return text
+    fenced = _FENCED.findall(text)
+    return f"{_OPEN}{fenced[0]}{_CLOSE}" if len(fenced) == 1 else text
+
+
 def parse_tool_call(text: str) -> ToolCall:
     """Parse the single tool call of a turn, or raise :class:`ToolCallError` saying what is wrong."""
-    return _parse(text)
+    return _parse(_tagged(text))
 
 
 def _parse_tool_call(text: str) -> ToolCall:

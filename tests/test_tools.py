@@ -17,6 +17,7 @@ from birdenv.tools import (
     execute_sql,
     format_observation,
     format_tool_call,
+    has_tool_call,
     parse_tool_call,
     submit_solution,
 )
@@ -33,10 +34,37 @@ def test_round_trip_with_reasoning_around_the_call() -> None:
     }
 
 
+# How Qwen2.5-Coder-1.5B-Instruct wrote every opening turn of its first evaluation (72 of 72).
+CODER_CALL = """```json
+{
+  "name": "execute_sql",
+  "arguments": {
+    "sql": "SELECT u.country, COUNT(*) FROM ratings r JOIN users u USING (user_id) GROUP BY 1"
+  }
+}
+```"""
+
+
+def test_a_call_in_one_fenced_json_block_is_that_call() -> None:
+    sql = "SELECT u.country, COUNT(*) FROM ratings r JOIN users u USING (user_id) GROUP BY 1"
+    assert parse_tool_call(CODER_CALL) == parse_tool_call(format_tool_call("execute_sql", sql=sql))
+    bare = (
+        'I submit.\n```\n{"name": "submit_solution", "arguments": {"sql_list": ["SELECT 1"]}}\n```'
+    )
+    assert parse_tool_call(bare).arguments == {"sql_list": ["SELECT 1"]}
+    # Tags rule where present: the fenced block beside them is prose.
+    tagged = CODER_CALL + "\n" + format_tool_call("execute_sql", sql="SELECT 2")
+    assert parse_tool_call(tagged).arguments == {"sql": "SELECT 2"}
+    assert has_tool_call(CODER_CALL) and not has_tool_call("```sql\nSELECT 1\n```")
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("just prose", "no tool call"),
+        (CODER_CALL + "\n" + CODER_CALL, "no tool call"),  # two fenced blocks are not one call
+        ("```sql\nSELECT 1\n```", "no tool call"),
+        ('```json\n{"name": "drop_db", "arguments": {}}\n```', "unknown tool"),
         ("<tool_call>{}", "without </tool_call>"),
         ("<tool_call>{bad json}</tool_call>", "not valid JSON"),
         (
