@@ -15,6 +15,8 @@ import re
 import secrets
 import socket
 
+from birdenv.postgres.server import process_alive
+
 __all__ = ["ADOPT", "RENAMED", "clone_name", "leaked"]
 
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
@@ -82,14 +84,4 @@ def leaked(name: str) -> bool:
     if not match or match.group(1) != _HOST:
         return False
     pid = int(match.group(2))
-    return not _alive(pid) or (pid == os.getpid() and match.group(3) != _LIFE)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return not process_alive(pid) or (pid == os.getpid() and match.group(3) != _LIFE)

@@ -56,6 +56,7 @@ __all__ = [
     "describe_default",
     "find_bindir",
     "install_hint",
+    "process_alive",
     "psycopg",
 ]
 
@@ -235,7 +236,7 @@ def _reachable(path: Path, user: pwd.struct_passwd) -> bool:
     return True
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie does not)."""
     try:
         os.kill(pid, 0)
@@ -387,7 +388,7 @@ class PrivateCluster(Server):
         pid = self.postmaster_pid()
         if pid is None:
             return False
-        if _alive(pid):
+        if process_alive(pid):
             return True
         # Killed: its lock file stays, naming a process that is gone, or a zombie nobody reaps
         # (an init that does not reap), which PostgreSQL would take for a live server.
