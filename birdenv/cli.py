@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from birdenv import suites
+from birdenv.agents import AGENTS, play_tasks
 from birdenv.errors import BirdEnvError
 from birdenv.files import directory_lock
 from birdenv.judge import INSTANCE_TIMEOUT, validate_tasks
@@ -182,9 +183,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 # -- birdenv demo ------------------------------------------------------------------------------
 def _cmd_demo(args: argparse.Namespace) -> int:
     """Build the data, run reference agents through the environment, evaluate what they submitted."""
+    # gymnasium takes ~0.8 s of CPU to import: loaded for this command only
     import gymnasium as gym
-
-    from birdenv.agents import AGENTS, play_tasks
 
     start = time.perf_counter()
     suites.ensure(args.suite)
@@ -192,6 +192,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print(f"{args.suite}: {len(tasks)} tasks, data ready in {time.perf_counter() - start:.1f} s")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # the environments bring gymnasium (~0.8 s of CPU): loaded for this command only
     from birdenv.envs import env_id_for
 
     env = gym.make(env_id_for(tasks[0]), suite=args.suite)  # a PostgreSQL suite on PostgreSQL
@@ -219,6 +220,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 # -- birdenv play ------------------------------------------------------------------------------
 def _cmd_play(args: argparse.Namespace) -> int:
+    # the environments bring gymnasium (~0.8 s of CPU): loaded for this command only
     from birdenv.play import play
 
     if args.tasks:
@@ -229,6 +231,7 @@ def _cmd_play(args: argparse.Namespace) -> int:
 # -- birdenv serve -----------------------------------------------------------------------------
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
+        # the openenv extra: imported only where used
         from birdenv.integrations.openenv import serve
     except ImportError as exc:
         print(
@@ -286,6 +289,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     else:
         print(f"strategy         copy (overlay unavailable: {overlay.unavailable_reason()})")
     print(f"observations     {'Python (' + SPEEDUPS_MISSING + ')' if SPEEDUPS_MISSING else 'C'}")
+    # PostgreSQL support loads only for the commands that ask about it
     from birdenv.postgres.server import describe_default
 
     print(f"postgresql       {describe_default()}")

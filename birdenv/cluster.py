@@ -44,6 +44,7 @@ START_TIMEOUT = 120.0
 def import_ray() -> Any:
     """The ``ray`` module, or :class:`~birdenv.errors.MissingExtraError` naming the ``ray`` extra."""
     try:
+        # the ray extra: imported only where used
         import ray
     except ModuleNotFoundError as exc:
         if exc.name != "ray":
@@ -111,6 +112,7 @@ def spread(count: int) -> list[str]:
 
 def placement(node_id: str) -> Any:
     """Scheduling on ``node_id`` while it lives; anywhere else once it is gone."""
+    # the ray extra: imported only where used
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeAffinitySchedulingStrategy(node_id, soft=True)
@@ -345,6 +347,7 @@ def ray_map(
     if not jobs:
         return
     ray = connect()
+    # the ray extra: imported only where used
     from ray.exceptions import RayActorError, RayTaskError
 
     shipment = ship(job[0] for job in jobs)

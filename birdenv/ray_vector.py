@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable, Sequence
 from copy import deepcopy
 from typing import Any
@@ -42,8 +43,8 @@ class _EnvHost:
 
     def describe(self) -> tuple[Any, ...]:
         """The first copy's spaces and metadata, and where this actor runs."""
-        import os
 
+        # the ray extra: imported only where used
         import ray
 
         env = self.envs[0]
@@ -175,6 +176,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
     # -- actors -----------------------------------------------------------------------------
     def _start(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
         """Start these actors at once (their copies built anew); wait until each answers."""
+        # the ray extra: imported only where used
         import ray
 
         for a in indices:
@@ -205,6 +207,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
 
     def _restart(self, a: int, why: str) -> str:
         """Replace actor ``a`` after it died or hung; returns the message its copies carry."""
+        # the ray extra: imported only where used
         import ray
 
         node, pid = self._where[a]
@@ -221,6 +224,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
 
     def _dispatch(self, ops: dict[int, tuple[str, Any]]) -> tuple[dict[int, Any], dict[int, str]]:
         """Send each actor its copies' ops at once; results by copy, and the actors that failed."""
+        # the ray extra: imported only where used
         import ray
 
         calls = {}
@@ -397,6 +401,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """``name`` of every copy: called with the arguments when it is a method, else read."""
+        # the ray extra: imported only where used
         import ray
 
         refs = [
@@ -411,6 +416,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
         """Set ``name`` on every copy: one value each (a list or tuple), or the same for all."""
+        # the ray extra: imported only where used
         import ray
 
         if not isinstance(values, (list, tuple)):
@@ -454,6 +460,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Close every copy (releasing its sessions), then stop the actors."""
+        # the ray extra: imported only where used
         import ray
 
         actors = [a for a in self._actors if a is not None]

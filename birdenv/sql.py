@@ -279,6 +279,7 @@ def _scan_tables(sql: str) -> list[str]:
 
 def _parse_tables(sql: str) -> list[str] | None:
     """The tables of a statement by sqlglot, or None when sqlglot cannot really parse it."""
+    # sqlglot takes ~0.8 s of CPU to import: imported only where used
     import sqlglot
     from sqlglot import exp
 

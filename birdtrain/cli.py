@@ -34,6 +34,7 @@ from birdtrain import missing_extra, weights
 from birdtrain.config import PRESETS, STAGES, EvalConfig, EvaluationConfig, load_config
 from birdtrain.endpoint import TeacherError
 from birdtrain.models import resolve_model
+from birdtrain.plan import format_plan, plan
 from birdtrain.report import write_report
 from birdtrain.rundir import (
     hold,
@@ -67,6 +68,7 @@ def _cmd_curriculum(args: argparse.Namespace) -> int:
     # A signal while the modules and the configuration load is named too (the run directory's
     # own name comes inside).
     with working_on(Path(args.output_dir or "."), "the curriculum"):
+        # torch, transformers and TRL (~3 s of CPU): loaded for the commands that need them
         from birdtrain.curriculum import run_curriculum
 
         cfg = _config_from(args)
@@ -84,8 +86,6 @@ def _cmd_curriculum(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from birdtrain.plan import format_plan, plan
-
     cfg = _config_from(args)
     plans = plan(cfg, gpu_gb=args.gpu_gb)
     print(format_plan(cfg, plans))
@@ -93,6 +93,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
+    # torch, transformers and TRL (~3 s of CPU): loaded for the commands that need them
     from birdtrain.curriculum import open_run, synthesize
 
     cfg = _config_from(args)
@@ -103,6 +104,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 
 def _cmd_stage(args: argparse.Namespace) -> int:
+    # torch, transformers and TRL (~3 s of CPU): loaded for the commands that need them
     from birdtrain.curriculum import open_run, run_stage, start_checkpoint
 
     cfg = _config_from(args)
@@ -113,6 +115,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
 
 
 def _cmd_difficulty(args: argparse.Namespace) -> int:
+    # torch, transformers and TRL (~3 s of CPU): loaded for the commands that need them
     from birdtrain.curriculum import estimate_difficulty
 
     cfg = _config_from(args)
@@ -128,6 +131,7 @@ def _cmd_difficulty(args: argparse.Namespace) -> int:
 
 
 def _cmd_mixture(args: argparse.Namespace) -> int:
+    # torch, transformers and TRL (~3 s of CPU): loaded for the commands that need them
     from birdtrain.curriculum import open_run
     from birdtrain.curriculum.mixture import choose_mixture
 
@@ -149,6 +153,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _evaluate_command(args: argparse.Namespace, out_dir: Path) -> int:
+    # torch, transformers and TRL (~3 s of CPU): loaded for the commands that need them
     from birdtrain.evaluate import evaluate_policy
 
     tasks = (
@@ -193,6 +198,7 @@ def _evaluate_command(args: argparse.Namespace, out_dir: Path) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    # torch, transformers and TRL (~3 s of CPU): loaded for the commands that need them
     from birdtrain.evaluate import compare_evaluations
 
     result = compare_evaluations(args.a, args.b)
@@ -470,11 +476,13 @@ def _set_verbosity(verbose: bool) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("DATASETS_VERBOSITY", "error")
     if "transformers" in sys.modules:  # imported already (a caller's process): tell it directly
+        # the train extra: imported only where used
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.set_verbosity_error()
         transformers_logging.disable_progress_bar()
     if "datasets" in sys.modules:
+        # the train extra: imported only where used
         import datasets
 
         datasets.disable_progress_bars()

@@ -20,6 +20,8 @@ use.
 from __future__ import annotations
 
 import importlib.util
+import json
+import logging
 import os
 import re
 import shutil
@@ -121,6 +123,7 @@ def build_tiny_model(
     makes "what came just before" learnable in ~10 steps (token accuracy 1.0). ``None``: both
     layers attend globally.
     """
+    # the train extra: imported only where used
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -191,6 +194,7 @@ def _smollm_gguf() -> Path:
 
 def smollm_tokenizer() -> Any:
     """SmolLM2's tokenizer converted from its GGUF, with the chat template every stage uses."""
+    # the train extra: imported only where used
     from transformers import AutoTokenizer
     from trl.chat_template_utils import qwen3_chat_template
 
@@ -214,6 +218,7 @@ def _save_dequantised(
     instead of the config's tied embeddings. ``eos_tokens``: the tokens that end generation, where
     the GGUF names fewer.
     """
+    # the train extra: imported only where used
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -252,8 +257,6 @@ def build_qwen_coder(name: str, path: str | Path) -> Path:
     ``PROVENANCE.json`` and the model's license beside the weights. The checkpoint appears only
     once complete: concurrent builders wait for the first.
     """
-    import json
-
     release = weights.RELEASES[name]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -342,8 +345,8 @@ def load_tokenizer(name_or_path: str) -> Any:
     is attached (TRL recognises a template by its exact text). Checkpoints saved by the stages
     carry the replaced template, so this is done once.
     """
-    import logging
 
+    # the train extra: imported only where used
     from transformers import AutoTokenizer
     from trl.chat_template_utils import add_response_schema, get_training_chat_template
 
@@ -383,6 +386,7 @@ _QWEN_CODER_LITERAL = (
 def _known_form(template: str) -> tuple[str, str | None]:
     """``template`` as TRL knows it, and its training form where TRL would not find it: the
     Qwen2.5-Coder template is given Qwen2.5's for TRL to recognise, and its own training form."""
+    # the train extra: imported only where used
     from trl.chat_template_utils import qwen2_5_chat_template, qwen2_5_training_chat_template
 
     plain, coder = _QWEN_CODER_LITERAL
@@ -393,6 +397,7 @@ def _known_form(template: str) -> tuple[str, str | None]:
 
 def inference_device() -> str:
     """Where a model that only generates or scores goes: ``"cuda"`` when CUDA is present."""
+    # the train extra: imported only where used
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -407,6 +412,7 @@ def load_policy(
     ``device``: where to put the model (e.g. :func:`inference_device` for generation or scoring);
     None leaves it on the CPU, for a trainer to place.
     """
+    # the train extra: imported only where used
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -429,6 +435,7 @@ def lora_config(cfg: ModelConfig, model: Any = None) -> Any:
         enabled = model is not None and sum(p.numel() for p in model.parameters()) > 1_000_000_000
     if not enabled:
         return None
+    # the train extra: imported only where used
     from peft import LoraConfig
 
     return LoraConfig(

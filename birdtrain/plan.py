@@ -183,6 +183,7 @@ class ModelShape:
 
 def _config(name_or_path: str) -> Any:
     """The model's ``transformers`` config, from a folder, the known table or the local hub cache."""
+    # the train extra: imported only where used
     from transformers import AutoConfig
 
     if name_or_path in KNOWN_MODELS:
@@ -200,6 +201,7 @@ def _config(name_or_path: str) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def _shape(name_or_path: str, lora: bool | None, r: int, alpha: int, dropout: float) -> ModelShape:
+    # the train extra: imported only where used
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -213,6 +215,7 @@ def _shape(name_or_path: str, lora: bool | None, r: int, alpha: int, dropout: fl
         )
         trainable = params
         if peft_config is not None:
+            # the train extra: imported only where used
             from peft import get_peft_model
 
             with warnings.catch_warnings():

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
+import inspect
 import multiprocessing
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -92,8 +94,6 @@ def backbone(model: Any) -> Any:
 def kv_cache_keyword(model: Any) -> str:
     """``cache`` (newer transformers) or ``past_key_values`` (older): what ``model``'s forward
     (and so its ``generate``) calls the KV cache, through a PEFT wrapper."""
-    import inspect
-
     parameters = inspect.signature(unwrapped(model).forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 
@@ -141,6 +141,7 @@ class TransformersPolicy:
         self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
     ) -> list[tuple[list[int], list[float]]]:
         """Sample one turn for every context in ``batch``."""
+        # the train extra: imported only where used
         import torch
 
         width = max(len(ids) for ids in batch)
@@ -221,6 +222,7 @@ class TransformersPolicy:
         Each context runs alone, positions counted from its first token, as the decoding steps
         count them: padding costs nothing, and on a CPU a long context is as fast alone.
         """
+        # the train extra: imported only where used
         import torch
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
@@ -283,6 +285,7 @@ def _reserved_layer() -> type:
     supported): a decoding step writes its position in place. ``DynamicLayer`` concatenates
     instead, copying the whole cache at every step in every layer: a 16-row step over 3k-token
     contexts took 2.1-2.7 s with it and 0.7-0.9 s with this on one core here."""
+    # the train extra: imported only where used
     from transformers.cache_utils import DynamicLayer
 
     class ReservedLayer(DynamicLayer):
@@ -362,6 +365,7 @@ class VLLMEnginePolicy:
     """
 
     def __init__(self, model_path: str, tokenizer: Any, **engine_kwargs: Any) -> None:
+        # the train and vllm extras: imported only where used
         from transformers import GenerationConfig
         from vllm import LLM
 
@@ -390,6 +394,7 @@ class VLLMEnginePolicy:
         self, batch: list[list[int]], *, max_new_tokens: int, temperature: float
     ) -> list[tuple[list[int], list[float]]]:
         """Sample one turn for every context in ``batch`` with vLLM."""
+        # the vllm extra: imported only where used
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -470,8 +475,6 @@ def uses_vllm(engine: str | bool, model_path: str) -> bool:
     ``use_vllm`` of ``True`` or ``False`` is taken as given, the model unread (``birdtrain plan``
     sizes a GPU run on a machine that has neither the model nor vLLM; TRL checks for vLLM).
     """
-    import importlib.util
-
     if engine not in ("auto", "vllm", "transformers", True, False):
         raise ValueError(f"the engine must be auto, vllm or transformers, got {engine!r}")
     if engine in (True, False):
@@ -482,6 +485,7 @@ def uses_vllm(engine: str | bool, model_path: str) -> bool:
         if engine == "auto":
             return False
         raise MissingExtraError("vllm", "vllm")
+    # the train extra: imported only where used
     import torch
     from transformers import AutoConfig
 
@@ -518,6 +522,7 @@ def generation_policy(
     (on a CPU its KV cache holds ``contexts`` such windows, the episodes played at once, unless
     ``kv_cache_memory_bytes`` says); ``dtype`` is what either engine computes in
     (:class:`TransformersPolicy`)."""
+    # the train extra: imported only where used
     import torch
     from transformers import AutoConfig
 

@@ -140,6 +140,7 @@ def _lines(
 
 def _figure(path: Path, title: str, draw) -> Path | None:
     require("matplotlib").use("Agg")  # before pyplot: no display is needed or wanted
+    # the train extra: imported only where used
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.4), dpi=100)

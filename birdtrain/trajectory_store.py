@@ -154,6 +154,7 @@ class TrajectoryStore:
         A ``name`` makes the write repeatable: a second append under it replaces the first file,
         so a writer that may run twice (a resumed evaluation) stores its rows once.
         """
+        # the train extra: imported only where used
         import duckdb
 
         rows = [[row.get(column) for column in COLUMNS] for row in rows]
@@ -179,6 +180,7 @@ class TrajectoryStore:
 
     def query(self, sql: str, params: list[Any] | None = None) -> list[tuple]:
         """Run SQL where the table ``trajectories`` is the whole store."""
+        # the train extra: imported only where used
         import duckdb
 
         conn = duckdb.connect()

@@ -208,6 +208,7 @@ def make_app(
     def _pool() -> dict[str, Any]:
         """The open sessions (replica leases, and PostgreSQL clones leased from the process's
         database pool) and the replica pool's peak; nothing leaked reads 0 when idle."""
+        # the postgres extra (psycopg): imported only where used
         from birdenv.postgres.pool import current_database_pool
 
         stats = pool.stats()
@@ -223,6 +224,7 @@ def make_app(
 
 def _not_a_disconnect(record: logging.LogRecord) -> bool:
     """A log record that is not a WebSocket's disconnect reported as an error."""
+    # the openenv extra: imported only where used
     from starlette.websockets import WebSocketDisconnect
 
     return not (record.exc_info and isinstance(record.exc_info[1], WebSocketDisconnect))
@@ -244,6 +246,7 @@ def serve(
     its last user. (uvicorn re-raises the signal that stopped it once it has shut down: with
     SIGTERM's default action the process would end there, its exit hooks skipped and the cluster
     left running; the signal is noted here instead.)"""
+    # the openenv extra: imported only where used
     import uvicorn
 
     class Server(uvicorn.Server):

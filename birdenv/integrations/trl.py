@@ -169,6 +169,7 @@ def suite_dataset(
     difficulty) and ``environment`` (``"critic"`` or ``"bird"``: the key of
     :func:`environment_factories` that TRL's multi-environment form reads).
     """
+    # the train extra: imported only where used
     from datasets import Dataset
 
     tasks = _tasks(source, db_dir)

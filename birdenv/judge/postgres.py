@@ -36,6 +36,7 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from birdenv.judge.instance import Verdict
@@ -155,6 +156,7 @@ _DEFAULT_LOCK = threading.Lock()
 
 def default_task_databases() -> TaskDatabases:
     """The process's :class:`TaskDatabases`, on the default pool."""
+    # the pool needs psycopg (the postgres extra): imported when first used
     from birdenv.postgres import default_database_pool
 
     global _DEFAULT
@@ -431,8 +433,6 @@ def judge_pg_many(
     instance waits on its own server backend, so instances run in parallel, also on one
     database, where the official evaluator holds a lock per database); ``pool`` as for
     :func:`judge_pg`."""
-    from concurrent.futures import ThreadPoolExecutor
-
     pairs = list(jobs)
     (pool if isinstance(pool, TaskDatabases) else default_task_databases()).expect(
         task for task, _ in pairs

@@ -69,6 +69,7 @@ def _postgres(name: str) -> Callable[..., Any]:
     needed only where PostgreSQL tasks are judged."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
+        # the postgres extra (psycopg): imported when first called
         from birdenv.judge import postgres
 
         return getattr(postgres, name)(*args, **kwargs)

@@ -94,6 +94,7 @@ class PostgresServerError(BirdEnvError, RuntimeError):
 def psycopg() -> Any:
     """The ``psycopg`` module (PostgreSQL's driver), or :class:`MissingExtraError` naming the extra."""
     try:
+        # the postgres extra: imported only where used
         import psycopg as module
     except ImportError as exc:
         raise MissingExtraError("psycopg", "postgres") from exc

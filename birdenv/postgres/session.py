@@ -43,6 +43,7 @@ _COPY_REFUSED = (
 
 def _generators() -> Any:
     """psycopg's generators (``fetch``, ``send`` and ``Wait``), imported on first use."""
+    # the postgres extra: imported only where used
     from psycopg import generators
 
     return generators
@@ -55,6 +56,7 @@ class _Reader:
     row read past the row cap of the last statement (psycopg2 reads it too)."""
 
     def __init__(self, conn: Any) -> None:
+        # the postgres extra: imported only where used
         from psycopg import pq
         from psycopg.adapt import Transformer
 

@@ -40,6 +40,7 @@ _MODES = ("ro", "rw", "rwc")
 @functools.lru_cache(maxsize=1)
 def _load():
     """Import the extension and register the VFS (once); raises on any failure."""
+    # a C extension that may not be built: imported when first used
     from birdenv.replicas.native import _overlay
 
     _overlay.register(VFS_NAME)

@@ -19,6 +19,7 @@ import os
 import sqlite3
 import threading
 from pathlib import Path
+from urllib.parse import quote
 
 from birdenv.errors import DatabaseNotFoundError
 from birdenv.files import exclusive_lock, file_sha256, identify
@@ -155,6 +156,4 @@ class BaseStore:
 
 
 def _quote(path: Path) -> str:
-    from urllib.parse import quote
-
     return quote(str(path.resolve()))

@@ -55,6 +55,7 @@ _BIRD = ("BIRD_SUITES", "DIFFICULTIES", "BirdTask", "load_bird")
 
 def __getattr__(name: str) -> Any:
     if name in _BIRD:
+        # BIRD questions load on first use: `import birdenv` stays light
         from birdenv.tasks import bird
 
         return getattr(bird, name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import multiprocessing
 import pickle
@@ -28,6 +29,7 @@ def isolates(cfg: CurriculumConfig) -> bool:
     parallelism)."""
     if cfg.isolate is not None:
         return cfg.isolate
+    # the train extra: imported only where used
     import torch
 
     return torch.cuda.is_available() or any(
@@ -40,8 +42,6 @@ def _die_with_parent() -> None:
     """Have Linux send this process SIGTERM when its parent dies (a killed curriculum leaves no
     stage running on behind it)."""
     if sys.platform.startswith("linux"):
-        import ctypes
-
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 

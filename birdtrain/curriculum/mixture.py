@@ -65,6 +65,7 @@ def heldout_loss(
     Examples are stage-1 ``{"prompt", "completion"}`` chats. A sequence longer than ``max_length``
     keeps its last ``max_length`` tokens, so the completion is always scored.
     """
+    # the train extra: imported only where used
     import torch
 
     device = next(model.parameters()).device

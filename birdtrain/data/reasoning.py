@@ -189,6 +189,7 @@ def build_reasoning_examples(
     when given, is filled with counts: ``tasks``, ``kept``, ``failed_judge``, ``no_fix``,
     ``preprocess_error``, ``empty_thought``.
     """
+    # the train extra: imported only where used
     from tqdm.auto import tqdm
 
     pool = pool or default_pool()

@@ -299,6 +299,7 @@ def build_tool_trajectories(
     ``rejected``, when given, receives the dropped episodes (same form, plus ``reason``) for
     inspection. ``prompt``: the environment's prompt options (the run's one prompt setting).
     """
+    # the train extra: imported only where used
     from tqdm.auto import tqdm
 
     pool = pool or default_pool()

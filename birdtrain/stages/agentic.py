@@ -88,6 +88,7 @@ def build_dataset(tasks: Sequence[Task]) -> Any:
     the real prompt (schema, issue, SQL, tool instructions) is rendered by the environment's
     ``reset``, exactly as at evaluation time.
     """
+    # the train extra: imported only where used
     from datasets import Dataset
 
     return Dataset.from_list(
@@ -336,6 +337,7 @@ def build_trainer(
     """The configured ``GRPOTrainer`` of stage 4 over ``envs`` (what :func:`run` trains; its
     arguments as there, ``tasks`` already loaded)."""
     silence_trl_experimental()
+    # the train extra: imported only where used
     from trl import GRPOConfig
 
     stage = cfg.stage4

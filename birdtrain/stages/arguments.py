@@ -47,6 +47,7 @@ def checkpointing_keyword() -> str:
     ``activation_checkpointing`` from 5.24 on (where the old name is a deprecated alias that
     warns), ``gradient_checkpointing`` before (5.17, the release vLLM 0.31 caps a GPU install
     at, has no other)."""
+    # the train extra: imported only where used
     from transformers import TrainingArguments
 
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}

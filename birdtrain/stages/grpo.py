@@ -80,6 +80,7 @@ def build_dataset(
     issue; tasks whose prompt is longer than ``max_prompt_length`` tokens are left out instead,
     with a warning, and none left is an error.
     """
+    # the train extra: imported only where used
     from datasets import Dataset
 
     rows, dropped = [], []
@@ -226,6 +227,7 @@ def build_trainer(
     policy: Any = None,
 ) -> Any:
     """The configured ``GRPOTrainer`` (what :func:`run` trains)."""
+    # the train extra: imported only where used
     from trl import GRPOConfig
 
     silence_trl_experimental()

@@ -19,6 +19,7 @@ def check_single_gpu() -> None:
     ``Trainer`` would wrap the model in ``nn.DataParallel``, which GRPO rejects and which the
     per-turn rollout loop of stage 4 cannot drive; data parallelism needs one process per GPU.
     """
+    # the train extra: imported only where used
     import torch
 
     if not torch.cuda.is_available() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -38,6 +39,7 @@ def load_for_training(cfg: CurriculumConfig, model_path: str) -> tuple[Any, Any,
     The model is loaded in its checkpoint's dtype, LoRA decided (``model.lora``; ``None``: over
     1B parameters), then cast to :attr:`Precision.weights`.
     """
+    # the train extra: imported only where used
     import torch
 
     check_single_gpu()

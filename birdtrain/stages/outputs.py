@@ -34,6 +34,7 @@ def finish_stage(
         )
     records = write_metrics(trainer.state.log_history, out_dir / "metrics.jsonl", extra=extra)
     masked_steps(records, trainer.args, stage)
+    # the train extra: imported only where used
     from safetensors import SafetensorError
 
     staging = out_dir / ".checkpoint.partial"
@@ -120,6 +121,7 @@ def save_checkpoint(
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
     if args is not None and (args.bf16 or args.fp16):
+        # the train extra: imported only where used
         import torch
 
         model = model.to(torch.bfloat16 if args.bf16 else torch.float16)

@@ -50,6 +50,7 @@ def dtype_bytes(dtype: str) -> int:
 def cpu_bf16_supported() -> bool:
     """True when this CPU computes bfloat16 natively (AVX512-BF16 or AMX), where autocast runs a
     matrix product several times faster than float32; elsewhere bfloat16 is emulated, and slower."""
+    # the train extra: imported only where used
     import torch
 
     return bool(
@@ -69,6 +70,7 @@ def training_precision(
     runs) a frozen LoRA base in it. ``cuda`` and ``bf16_supported`` (the GPU's, or without CUDA
     the CPU's) default to this machine's.
     """
+    # the train extra: imported only where used
     import torch
 
     if cuda is None:

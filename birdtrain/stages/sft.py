@@ -113,6 +113,7 @@ def build_dataset(
     ``properties`` into one struct and fill the missing keys with nulls, changing the rendered
     prompt; TRL ``json.loads`` a string ``tools`` back, unchanged.
     """
+    # the train extra: imported only where used
     from datasets import Dataset
 
     if turns not in ("each", "first", "whole"):
@@ -192,6 +193,7 @@ def build_trainer(
     cfg: CurriculumConfig, *, model_path: str, out_dir: Path, examples: Any, stage: int
 ) -> Any:
     """The configured ``SFTTrainer`` for ``stage`` (what :func:`run` trains; tests inspect it)."""
+    # the train extra: imported only where used
     from trl import SFTConfig, SFTTrainer
 
     stage_cfg = cfg.stage1 if stage == 1 else cfg.stage2

@@ -21,6 +21,7 @@ fill twice); otherwise TRL's own pass runs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -71,8 +72,8 @@ def shared_prompt_logps(
     (TRL's layout); ``model`` carries TRL's fused LM head (``fused_lm_head=True``);
     ``autocast``: a context manager factory (the trainer's ``accelerator.autocast``).
     """
-    import contextlib
 
+    # the train extra: imported only where used
     import torch
 
     rows, width = input_ids.shape
@@ -104,6 +105,7 @@ def shared_prompt_logps(
 def _score_completions(model: Any, prompt: tuple[int, ...], completions: Any, masks: Any) -> Any:
     """The fused head's output over ``completions`` (right-padded, with ``masks``), each after
     ``prompt``: the prompt but its last token runs once, its keys and values repeated per row."""
+    # the train extra: imported only where used
     import torch
     from transformers import DynamicCache
 
@@ -138,6 +140,7 @@ def _score_completions(model: Any, prompt: tuple[int, ...], completions: Any, ma
 
 @functools.cache
 def _trainer_class() -> type:
+    # the train extra: imported only where used
     from trl import GRPOTrainer
 
     class SharedPromptGRPOTrainer(GRPOTrainer):
@@ -155,6 +158,7 @@ def _trainer_class() -> type:
             compute_aux_loss: bool = False,
             **inputs: Any,
         ) -> tuple[Any, Any, Any]:
+            # the train extra: imported only where used
             import torch
 
             if (
@@ -188,6 +192,7 @@ def _trainer_class() -> type:
 
 def grpo_trainer_class(share_prompt: bool) -> type:
     """The ``GRPOTrainer`` class of a stage: TRL's, or with ``share_prompt`` the subclass above."""
+    # the train extra: imported only where used
     from trl import GRPOTrainer
 
     return _trainer_class() if share_prompt else GRPOTrainer

@@ -39,6 +39,7 @@ def colocated_kv_cache(args: Any, model_path: str, *, contexts: int) -> Iterator
     process already holds, which here includes the model being trained: a 1.5B model left no
     room at 0.2 and the engine refused to start. On a GPU the share is the card's, as TRL means.
     """
+    # the train extra: imported only where used
     import torch
     from transformers import AutoConfig
 
@@ -115,6 +116,7 @@ def train(trainer: Any) -> None:
     loader skips the batches already trained on. A stage's own sampling state (dynamic
     sampling's replacement draws) starts afresh.
     """
+    # the train extra: imported only where used
     from transformers.trainer_utils import get_last_checkpoint
 
     weight_sync.install(trainer)  # LoRA merged out of place for vLLM: the base stays untouched
@@ -139,6 +141,7 @@ def train(trainer: Any) -> None:
 def _quiet_steps(trainer: Any) -> None:
     """Drop the trainer's progress bar and its printed line per logging step when transformers logs
     errors only (``birdtrain`` without ``-v``)."""
+    # the train extra: imported only where used
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from transformers.utils import logging
 

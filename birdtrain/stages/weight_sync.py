@@ -29,6 +29,7 @@ def merged_named_params(model: Any, rename: Any) -> Iterator[tuple[str, Any]]:
     without an adapter are yielded as they are (read only). ``rename(name)``: TRL's own mapping of
     a parameter name to vLLM's (``VLLMGeneration._fix_param_name_to_vllm``), after peft's
     prefixes are dropped as TRL drops them."""
+    # the train extra: imported only where used
     import torch
     from peft.tuners.lora import LoraLayer
 
@@ -71,6 +72,7 @@ def install(trainer: Any) -> None:
     """Make ``trainer``'s vLLM weight sync merge LoRA adapters out of place, and load through
     ``reload_weights`` on vLLM's CPU backend (a no-op without vLLM; without adapters TRL reads
     the trained weights as they are)."""
+    # the train extra: imported only where used
     from peft import PeftModel
 
     generation = getattr(trainer, "vllm_generation", None)
@@ -82,6 +84,7 @@ def install(trainer: Any) -> None:
             raise ValueError("the out-of-place vLLM weight sync supports one unsharded model")
         generation._iter_named_params = types.MethodType(_iter_named_params, generation)
     if generation.mode == "colocate":
+        # the vllm extra: imported only where used
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
