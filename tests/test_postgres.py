@@ -477,14 +477,22 @@ def test_a_forked_process_does_not_lease_from_its_parents_default_pool() -> None
     """An environment worker forked from a process whose default pool holds ready clones makes a
     pool of its own: leasing from its copy of the parent's, both would lease one clone, and the
     first to release it would drop it (and its role) under the other."""
+    from birdenv.judge.postgres import default_task_databases
     from birdenv.postgres.pool import current_database_pool, default_database_pool
 
     parent = default_database_pool()
     assert current_database_pool() is parent
+    judged = default_task_databases()  # the judge's, which wraps the default pool
+    assert judged.pool is parent
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child reports, and ends without running the parent's exit hooks
-        os.write(write, b"own" if current_database_pool() is None else b"parent's")
+        own = current_database_pool() is None
+        # the judge's, asked for in the child: on a pool of the child's own
+        own_judge = default_task_databases().pool is not parent
+        own_judge = own_judge and default_task_databases().pool is current_database_pool()
+        default_task_databases().pool.close()
+        os.write(write, b"own" if own and own_judge else b"parent's")
         os._exit(0)
     os.close(write)
     os.waitpid(pid, 0)

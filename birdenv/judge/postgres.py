@@ -32,6 +32,7 @@ import contextlib
 import datetime
 import io
 import json
+import os
 import re
 import threading
 import time
@@ -155,15 +156,29 @@ _DEFAULT_LOCK = threading.Lock()
 
 
 def default_task_databases() -> TaskDatabases:
-    """The process's :class:`TaskDatabases`, on the default pool."""
+    """The process's :class:`TaskDatabases`, on the process's default pool: a forked process
+    (an environment worker), whose default pool is its own, gets its own too. Its copy of the
+    parent's held the parent's pool and leased the parent's ready clones, and the first of the
+    two to release one dropped it and its role under the other."""
     # the pool needs psycopg (the postgres extra): imported when first used
     from birdenv.postgres import default_database_pool
 
+    pool = default_database_pool()
     global _DEFAULT
     with _DEFAULT_LOCK:
-        if _DEFAULT is None or _DEFAULT.pool._closed:
-            _DEFAULT = TaskDatabases(default_database_pool())
+        if _DEFAULT is None or _DEFAULT.pool is not pool:
+            _DEFAULT = TaskDatabases(pool)
         return _DEFAULT
+
+
+def _new_lock_in_child() -> None:
+    # A thread of the parent may have held the lock when it forked: the child's copy would stay
+    # held for ever.
+    global _DEFAULT_LOCK
+    _DEFAULT_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 # -- the official helpers ------------------------------------------------------------------------
