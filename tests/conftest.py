@@ -159,6 +159,25 @@ def pool(request: pytest.FixtureRequest, tmp_path: Path):
 
 
 # -- PostgreSQL: the project's own cluster (shared by the run's processes), a pool per process ----
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[Any]:
+    """``own_cluster(name, **settings)``: a PostgreSQL cluster of the test's own under
+    ``tmp_path``, removed after the test (:meth:`~birdenv.postgres.PrivateCluster.remove`): a
+    home the server's user cannot reach is moved to the system's temporary directory, where it
+    would outlive ``tmp_path``, its server still running."""
+    from birdenv.postgres import PrivateCluster, find_bindir
+
+    made: list[Any] = []
+
+    def make(name: str, **settings: Any) -> Any:
+        made.append(PrivateCluster(tmp_path / name, bindir=find_bindir(), **settings))
+        return made[-1]
+
+    yield make
+    for cluster in made:
+        cluster.remove()
+
+
 @pytest.fixture(scope="session")
 def pg_pool() -> Iterator[Any]:
     """A database pool on the default server (the private cluster, started on first use)."""

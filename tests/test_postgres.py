@@ -292,10 +292,10 @@ def test_isolation_holds_under_random_interleavings(pg_pool: DatabasePool, pg_sh
 
 # -- faults -------------------------------------------------------------------------------------
 def test_a_server_killed_during_an_episode_is_a_clear_error_then_the_pool_recovers(
-    tmp_path: Path,
+    own_cluster: Any,
 ) -> None:
     # Its own cluster: killing the shared one would end other tests' sessions.
-    server = PrivateCluster(tmp_path / "cluster", bindir=find_bindir())
+    server = own_cluster("cluster")
     server.ensure_running()
     try:
         with DatabasePool(server, ready=0) as pool:  # nothing restarts it behind the test
@@ -408,14 +408,29 @@ def test_clones_leaked_by_a_crashed_process_are_dropped_at_the_next_start(
         ).fetchone() == (0,)
 
 
-def test_an_external_server_named_by_a_dsn(tmp_path: Path) -> None:
+def test_a_removed_cluster_leaves_no_process_and_no_folder(own_cluster: Any) -> None:
+    """A cluster made for a while is removed whole: its server, and its folder, which, as root,
+    lies outside the test's ``tmp_path`` (the server's user cannot reach that)."""
+    from birdenv.postgres.server import process_alive
+
+    cluster = own_cluster("brief")
+    cluster.ensure_running()
+    pid = cluster.postmaster_pid()
+    assert pid is not None and cluster.root.is_dir()
+    cluster.remove()
+    assert cluster.postmaster_pid() is None and not cluster.root.exists()
+    assert not cluster.socket_dir.exists()
+    assert not process_alive(pid)
+
+
+def test_an_external_server_named_by_a_dsn(own_cluster: Any) -> None:
     """``pg_dsn=``: a server the project did not start (here a second cluster, reached by its DSN
     only), with its default clone strategy and the same roles and limits."""
     import gymnasium as gym
 
     from birdenv.postgres import ExternalServer
 
-    other = PrivateCluster(tmp_path / "other", bindir=find_bindir())
+    other = own_cluster("other")
     other.ensure_running()
     try:
         dsn = f"host={other.socket_dir} port={other.port} user=birdenv dbname=postgres"
@@ -448,8 +463,8 @@ def test_an_external_server_named_by_a_dsn(tmp_path: Path) -> None:
         other.close()
 
 
-def test_too_many_connections_is_a_clear_error_not_a_hang(tmp_path: Path) -> None:
-    server = PrivateCluster(tmp_path / "small", bindir=find_bindir(), max_connections=8)
+def test_too_many_connections_is_a_clear_error_not_a_hang(own_cluster: Any) -> None:
+    server = own_cluster("small", max_connections=8)
     server.ensure_running()
     held: list[Any] = []
     try:

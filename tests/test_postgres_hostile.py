@@ -17,7 +17,6 @@ from birdenv.postgres import (
     PrivateCluster,
     RoleLimits,
     Template,
-    find_bindir,
 )
 from birdenv.postgres.templates import OWNER_ROLE
 from birdenv.replicas.session import Limits
@@ -118,12 +117,12 @@ def test_nothing_a_trajectory_runs_changes_a_template_a_role_or_a_database_setti
 
 
 def test_a_new_pool_repairs_its_templates_and_says_so_in_one_line(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    own_cluster: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Templates and the owner role damaged as an older version's agent could: the next pool
     repairs what it can in place, drops the template that was opened to connections (rebuilt
     from its source on next use) and logs one line; leases then work on the original data."""
-    server = PrivateCluster(tmp_path / "cluster", bindir=find_bindir())
+    server = own_cluster("cluster")
     server.ensure_running()
     kept = Template("kept", "a1", lambda db: db.execute("CREATE TABLE t AS SELECT 1 AS x"))
     opened = Template("opened", "b2", lambda db: db.execute("CREATE TABLE t AS SELECT 2 AS x"))
@@ -480,6 +479,7 @@ def test_serve_plays_postgresql_shows_no_answer_and_a_signal_stops_it_cleanly(
         assert left == [], left
     finally:
         cluster.close()
+        cluster.remove()  # its folder, moved out of the unreachable tmp_path, would outlive it
 
 
 @pytest.mark.slow

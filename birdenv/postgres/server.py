@@ -502,6 +502,17 @@ class PrivateCluster(Server):
         """Stop the server now (fast shutdown: open sessions are ended)."""
         self._run("pg_ctl", "stop", "-m", "fast", "-w", "-D", str(self.data), timeout=60)
 
+    def remove(self) -> None:
+        """Stop the server if it runs and delete the cluster's files: its folder (in the system's
+        temporary directory where the home was out of the server user's reach, see the class's
+        docstring) and its socket folder. For clusters made for a while, such as a test's: the
+        folder a temporary home is moved to outlives that home."""
+        if self.postmaster_pid() is not None:
+            self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+        if not self.socket_dir.is_relative_to(self.root):
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+
     def postmaster_pid(self) -> int | None:
         """The running server's process id, if it is running."""
         with contextlib.suppress(OSError, ValueError, IndexError):
