@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import re
 from collections.abc import Sequence
 from json.decoder import JSONDecoder
 from typing import Any
@@ -170,18 +169,20 @@ def _blocks(text: str) -> list[str]:
     return blocks
 
 
-# A fenced code block holding a JSON object: ```json, or ``` with no language, then the object.
-_FENCED = re.compile(r"```(?:json)?[ \t]*\n?(\{.*?\})\s*```", re.DOTALL)
-
-
 def _tagged(text: str) -> str:
-    """``text``, or, when it has no ``<tool_call>`` tag and exactly one fenced JSON code block,
-    that block's object between the tags: instruct models trained on code write their calls so
-    (Qwen2.5-Coder-1.5B-Instruct wrote every one of 72 opening turns so), and a call they meant
-    is read as the call it is. Two such blocks are not one call; tags, where present, rule."""
+    """``text``, or, when it has no ``<tool_call>`` tag and exactly one fenced JSON code block
+    (```` ```json ```` or ```` ``` ````, then an object), that block's object between the tags:
+    instruct models trained on code write their calls so (Qwen2.5-Coder-1.5B-Instruct wrote every
+    one of 72 opening turns so), and a call they meant is read as the call it is. Two such blocks
+    are not one call; tags, where present, rule. Linear in the text (no pattern that backtracks
+    over a hostile turn full of fences)."""
     if _OPEN in text or "```" not in text:
         return text
-    fenced = _FENCED.findall(text)
+    fenced = [
+        body
+        for block in text.split("```")[1:-1:2]  # the insides of complete fences
+        if (body := block.removeprefix("json").strip()).startswith("{") and body.endswith("}")
+    ]
     return f"{_OPEN}{fenced[0]}{_CLOSE}" if len(fenced) == 1 else text
 
 
