@@ -284,7 +284,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
                 [
                     sys.executable,
                     "-m",
-                    "birdenv.cli",
+                    "birdenv",
                     "evaluate",
                     str(pred_file),
                     "--suite",

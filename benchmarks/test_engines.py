@@ -33,7 +33,7 @@ SECONDS: dict[tuple[str, str], dict[str, float]] = {}
 @pytest.mark.parametrize("engine", ["vllm", "transformers"])
 def test_eval_engine(benchmark, tmp_path: Path, mode: str, engine: str) -> None:
     cmd = [
-        *(sys.executable, "-m", "birdtrain.cli", "eval", "--policy", "smollm"),
+        *(sys.executable, "-m", "birdtrain", "eval", "--policy", "smollm"),
         *("--suite", "critic-mini", "--limit", str(TASKS), "--mode", mode),
         *("--engine", engine, "--dtype", "bfloat16", "--enforce-eager"),
         *("--max-turns", "3", "--max-new-tokens", "128", "--num-envs", "4"),

@@ -102,7 +102,7 @@ def test_evaluate_local_vs_ray(benchmark: Any, tmp_path: Path) -> None:
         command = [
             sys.executable,
             "-m",
-            "birdenv.cli",
+            "birdenv",
             "evaluate",
             str(pred),
             "--suite",

@@ -23,6 +23,7 @@ from birdenv import suites
 from birdenv.agents import AGENTS, play_tasks
 from birdenv.errors import BirdEnvError
 from birdenv.files import directory_lock
+from birdenv.interrupts import interrupt_behind, interrupted_status, interrupts_raised, signal_name
 from birdenv.judge import INSTANCE_TIMEOUT, validate_tasks
 from birdenv.judge.ex import validate_bird
 from birdenv.predictions import choose_kind, evaluate_file, write_jsonl
@@ -463,16 +464,31 @@ def _add_task_source(parser: argparse.ArgumentParser, *, bird: bool = False) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``birdenv`` command."""
+    """Entry point of the ``birdenv`` command.
+
+    Bad input ends in one line on stderr and exit status 2; SIGINT and SIGTERM in one line naming
+    the signal, with exit status 130 or 143.
+    """
     args = _build_parser().parse_args(argv)
     if getattr(args, "db_root", None):
         print("birdenv: warning: --db-root is deprecated, use --db-dir", file=sys.stderr)
         args.db_dir = args.db_dir or args.db_root
-    try:
-        return args.func(args)
-    except BirdEnvError as exc:
-        print(f"birdenv: {exc}", file=sys.stderr)
-        return 2
+    # SIGTERM unwinds like Ctrl-C: a command's workers, sessions and clusters are ended on the way
+    with interrupts_raised():
+        try:
+            try:
+                return args.func(args)
+            except Exception as exc:  # after an interrupt, a worker that died of it: the interrupt
+                interrupt = interrupt_behind(exc)
+                if interrupt is None:
+                    raise
+                raise interrupt from exc
+        except BirdEnvError as exc:
+            print(f"birdenv: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as exc:
+            print(f"birdenv: interrupted by {signal_name(exc)}", file=sys.stderr)
+            return interrupted_status(exc)
 
 
 if __name__ == "__main__":

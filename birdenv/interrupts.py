@@ -6,6 +6,13 @@ started and some not, or cut a ``spawn`` child's start-up data short (it dies pr
 ``EOFError`` traceback). :func:`interrupts_held` makes the interrupt wait until the work is done
 and then delivers it to the handlers that were in place, so the program unwinds as it would have.
 
+The commands' side: :func:`raise_on_sigterm` makes SIGTERM unwind like Ctrl-C
+(:class:`Terminated`, a ``KeyboardInterrupt``), so that every ``with`` and ``finally`` that ends a
+worker runs, and :func:`interrupt_behind` reports an error that follows an interrupt (a worker
+that died of the same group signal) as that interrupt. :func:`launch` starts a command with both
+signals acted on from its first moment: while its modules load (a second or more on a busy
+machine), not only once its ``main`` has put its handlers in place.
+
 The opposite case: a call whose wait swallows the interrupt, as a C library that retries its
 wait when a signal interrupts it and drops the exception the Python handler raised. vLLM's
 engine start-up waits so for its engine's handshake (pyzmq's poll), for up to ten minutes, and
@@ -16,12 +23,26 @@ call in a thread of its own while this one waits, where the interrupt is raised.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["INTERRUPTS", "deliver", "interruptible", "interrupts_held"]
+__all__ = [
+    "INTERRUPTS",
+    "Terminated",
+    "deliver",
+    "interrupt_behind",
+    "interrupted_status",
+    "interruptible",
+    "interrupts_held",
+    "interrupts_raised",
+    "launch",
+    "raise_on_sigterm",
+    "signal_name",
+]
 
 T = TypeVar("T")
 
@@ -103,3 +124,87 @@ def interruptible(
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program was, so that it unwinds like Ctrl-C does."""
+
+
+#: The interrupts this process has received (their signal numbers), in order.
+_RECEIVED: list[int] = []
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    _RECEIVED.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def raise_on_sigterm() -> None:
+    """From now on SIGTERM raises :class:`Terminated` in the main thread, and both it and SIGINT
+    (unless SIGINT is ignored, as in a background job) are remembered for
+    :func:`interrupt_behind`."""
+    _RECEIVED.clear()
+    signal.signal(signal.SIGTERM, _on_interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_interrupt)
+
+
+@contextlib.contextmanager
+def interrupts_raised() -> Iterator[None]:
+    """:func:`raise_on_sigterm` while the body runs (a command's ``main``), the handlers that
+    were in place put back after it."""
+    previous = {signum: signal.getsignal(signum) for signum in INTERRUPTS}
+    raise_on_sigterm()
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():  # None: set outside Python, not restorable
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
+def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt that ``exc`` follows from: ``exc`` itself when it is one; else, once this
+    process has received SIGINT or SIGTERM, a new interrupt of the last one received; else None.
+
+    An error raised after an interrupt is its consequence: a job scheduler, ``timeout`` or
+    Ctrl-C signals the whole process group, and a worker process that dies of the signal before
+    this one has acted on it leaves a broken pipe or a closed connection behind."""
+    if isinstance(exc, KeyboardInterrupt):
+        return exc
+    if not _RECEIVED:
+        return None
+    return Terminated() if _RECEIVED[-1] == signal.SIGTERM else KeyboardInterrupt()
+
+
+def signal_name(exc: KeyboardInterrupt) -> str:
+    """The signal behind an interrupt: ``"SIGTERM"`` for :class:`Terminated`, else ``"SIGINT"``."""
+    return "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+
+
+def interrupted_status(exc: KeyboardInterrupt) -> int:
+    """The exit status of a command ended by a signal: 128 + its number (130 SIGINT, 143 SIGTERM)."""
+    return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+
+
+def launch(prog: str, module: str) -> int:
+    """Run the command ``prog``: ``module``'s ``main()``, imported with SIGINT and SIGTERM held.
+
+    A command's modules take a second or more to load on a busy machine, before its ``main`` puts
+    its handlers in place; a signal then would end it by the default action (no word for SIGTERM,
+    a traceback of whatever was importing for SIGINT). Held, it ends the command in one line with
+    128 + its number instead, nothing having been done. A signal the command was started with
+    ignored (SIGINT in a background job) stays ignored.
+    """
+    ignored = {s for s in INTERRUPTS if signal.getsignal(s) is signal.SIG_IGN}
+    with interrupts_held(delivered=False) as noted:
+        main = importlib.import_module(module).main
+    received = [signum for signum in noted if signum not in ignored]
+    if received:
+        name = signal.Signals(received[0]).name
+        print(
+            f"{prog}: interrupted by {name} while starting, before doing anything; "
+            "run the same command again",
+            file=sys.stderr,
+        )
+        return 128 + received[0]
+    return main()

@@ -21,13 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from birdenv.cli import subcommand
 from birdenv.errors import BirdEnvError
+from birdenv.interrupts import interrupt_behind, interrupted_status, interrupts_raised
 from birdenv.schema import SCHEMA_MODES
 from birdenv.tasks import load_tasks
 from birdtrain import missing_extra, weights
@@ -36,14 +36,7 @@ from birdtrain.endpoint import TeacherError
 from birdtrain.models import resolve_model
 from birdtrain.plan import format_plan, plan
 from birdtrain.report import write_report
-from birdtrain.rundir import (
-    hold,
-    interrupt_behind,
-    interrupted_message,
-    interrupted_status,
-    raise_on_sigterm,
-    working_on,
-)
+from birdtrain.rundir import hold, interrupted_message, working_on
 from birdtrain.trajectory_store import TrajectoryStore
 
 __all__ = ["main"]
@@ -501,35 +494,32 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     args = _build_parser().parse_args(argv)
     _set_verbosity(args.verbose)
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    raise_on_sigterm()  # unwinds like Ctrl-C: every worker is ended on the way out
-    try:
+    # SIGTERM unwinds like Ctrl-C: every worker is ended on the way out
+    with interrupts_raised():
         try:
-            return args.func(args)
-        except Exception as exc:  # after an interrupt, a worker that died of it: the interrupt
-            interrupt = interrupt_behind(exc)
-            if interrupt is None:
+            try:
+                return args.func(args)
+            except Exception as exc:  # after an interrupt, a worker that died of it: the interrupt
+                interrupt = interrupt_behind(exc)
+                if interrupt is None:
+                    raise
+                raise interrupt from exc
+        except (BirdEnvError, ValueError, TeacherError) as exc:
+            if args.verbose:
                 raise
-            raise interrupt from exc
-    except (BirdEnvError, ValueError, TeacherError) as exc:
-        if args.verbose:
-            raise
-        print(f"birdtrain: {exc}", file=sys.stderr)
-        return 1 if isinstance(exc, TeacherError) else 2
-    except ModuleNotFoundError as exc:
-        missing = missing_extra(exc)  # an optional dependency: name the extra that installs it
-        if args.verbose or missing is None:
-            raise
-        print(f"birdtrain: {missing}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        if args.verbose:
-            raise
-        print(f"birdtrain: {interrupted_message(exc)}", file=sys.stderr)
-        return interrupted_status(exc)
-    finally:
-        for signum, handler in previous.items():  # None: set outside Python, not restorable
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+            print(f"birdtrain: {exc}", file=sys.stderr)
+            return 1 if isinstance(exc, TeacherError) else 2
+        except ModuleNotFoundError as exc:
+            missing = missing_extra(exc)  # an optional dependency: name the extra that installs it
+            if args.verbose or missing is None:
+                raise
+            print(f"birdtrain: {missing}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as exc:
+            if args.verbose:
+                raise
+            print(f"birdtrain: {interrupted_message(exc)}", file=sys.stderr)
+            return interrupted_status(exc)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,9 @@ interrupts that say what they kept.
 - **Verified files.** :func:`commit_folder` renames a finished folder into place with a
   ``MANIFEST.json`` of its files' sizes and SHA-256; :func:`verify_folder` checks it (sizes
   always, hashes the first time in a process) and names a damaged or missing file and its fix.
-- **Interrupts.** :func:`raise_on_sigterm` turns SIGTERM into :class:`Terminated` (a
-  ``KeyboardInterrupt``), so both signals unwind through every ``with`` and ``finally`` that ends
-  a worker; :func:`working_on` names what is being done for :func:`interrupted_message`, and
-  :func:`interrupt_behind` reports an error that follows an interrupt (a worker that died of the
-  same signal) as the interrupt.
+- **Interrupts.** SIGTERM unwinds like Ctrl-C (:mod:`birdenv.interrupts`); :func:`working_on`
+  names what is being done for :func:`interrupted_message`, and reports an error that follows an
+  interrupt (a worker that died of the same signal) as the interrupt.
 """
 
 from __future__ import annotations
@@ -24,19 +22,18 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from birdenv.files import describe_holder, directory_lock, file_sha256
+from birdenv.interrupts import interrupt_behind, signal_name
 from birdtrain.errors import DamagedFileError
 
 __all__ = [
     "MANIFEST",
     "NO_EFFECT",
-    "Terminated",
     "command_line",
     "commit_folder",
     "completed_work",
@@ -44,10 +41,7 @@ __all__ = [
     "flatten",
     "folder_hash",
     "hold",
-    "interrupt_behind",
     "interrupted_message",
-    "interrupted_status",
-    "raise_on_sigterm",
     "settings_differ",
     "verify_folder",
     "working_on",
@@ -248,43 +242,6 @@ def verify_folder(folder: Path, *, fix: str, hashes: bool = True) -> None:
 # --- interrupts ---------------------------------------------------------------------------------
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the program was, so that it unwinds like Ctrl-C does."""
-
-
-#: The interrupts this process has received (their signal numbers), in order.
-_RECEIVED: list[int] = []
-
-
-def _on_interrupt(signum: int, frame: Any) -> None:
-    _RECEIVED.append(signum)
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-
-
-def raise_on_sigterm() -> None:
-    """From now on SIGTERM raises :class:`Terminated` in the main thread, and both it and SIGINT
-    (unless SIGINT is ignored, as in a background job) are remembered for
-    :func:`interrupt_behind`."""
-    _RECEIVED.clear()
-    signal.signal(signal.SIGTERM, _on_interrupt)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _on_interrupt)
-
-
-def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
-    """The interrupt that ``exc`` follows from: ``exc`` itself when it is one; else, once this
-    process has received SIGINT or SIGTERM, a new interrupt of the last one received; else None.
-
-    An error raised after an interrupt is its consequence: a job scheduler, ``timeout`` or
-    Ctrl-C signals the whole process group, and a worker process that dies of the signal before
-    this one has acted on it leaves a broken pipe or a closed connection behind."""
-    if isinstance(exc, KeyboardInterrupt):
-        return exc
-    if not _RECEIVED:
-        return None
-    return Terminated() if _RECEIVED[-1] == signal.SIGTERM else KeyboardInterrupt()
-
-
 @contextlib.contextmanager
 def working_on(directory: Path, what: str) -> Iterator[None]:
     """Name the work under way in the run or output ``directory`` (``"stage3"``, ``"the
@@ -307,7 +264,7 @@ def working_on(directory: Path, what: str) -> Iterator[None]:
 def interrupted_message(exc: KeyboardInterrupt) -> str:
     """One line for a command ended by SIGINT or SIGTERM: the work it interrupted, what the
     directory keeps, and that the same command resumes."""
-    name = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+    name = signal_name(exc)
     during = getattr(exc, "during", None)
     if during is None:
         return f"interrupted by {name}"
@@ -316,11 +273,6 @@ def interrupted_message(exc: KeyboardInterrupt) -> str:
         f"interrupted by {name} during {what}; {directory} keeps {completed_work(directory)}; "
         "run the same command to resume"
     )
-
-
-def interrupted_status(exc: KeyboardInterrupt) -> int:
-    """The exit status of a command ended by a signal: 128 + its number (130 SIGINT, 143 SIGTERM)."""
-    return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
 
 
 def completed_work(directory: Path) -> str:

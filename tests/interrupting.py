@@ -19,7 +19,7 @@ HANG = 900
 
 def birdtrain(*args: str) -> list[str]:
     """The command line of ``birdtrain args`` in this Python."""
-    return [sys.executable, "-m", "birdtrain.cli", *args]
+    return [sys.executable, "-m", "birdtrain", *args]
 
 
 def session_processes(session: int) -> list[int]:

@@ -14,7 +14,7 @@ from tests.conftest import SHOP_TASKS
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "birdenv.cli", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "birdenv", *args], capture_output=True, text=True, timeout=300
     )
 
 

@@ -468,7 +468,7 @@ def _interrupted(argv: list[str], out: Path, saved: int) -> int:
     """Run ``birdtrain eval`` in a process of its own and kill it (SIGKILL: nothing to clean up)
     once ``saved`` episodes are in its progress file; return how many lines the file held."""
     progress = out / PROGRESS_FILE
-    command = [sys.executable, "-m", "birdtrain.cli", *argv, "--out", str(out)]
+    command = [sys.executable, "-m", "birdtrain", *argv, "--out", str(out)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + HANG  # the model's load and the episodes, on a loaded machine

@@ -98,7 +98,7 @@ def test_official_layout_with_tasks_and_db_dir() -> None:
 def test_cli_play_in_a_subprocess() -> None:
     task = next(t for t in load_tasks("critic-mini") if t.instance_id == QUERY_TASK)
     done = subprocess.run(
-        [sys.executable, "-m", "birdenv.cli", "play", QUERY_TASK, "--suite", "critic-mini"],
+        [sys.executable, "-m", "birdenv", "play", QUERY_TASK, "--suite", "critic-mini"],
         input=f"SELECT count(*) AS n FROM departments;\n\\submit\n{task.sol_sql[0]};\n\n",
         cwd=ROOT,
         env={

@@ -16,19 +16,18 @@ import pytest
 
 from birdenv.errors import DirectoryBusyError
 from birdenv.files import LOCK_FILE, directory_lock
+from birdenv.interrupts import Terminated, interrupted_status
 from birdtrain.config import STAGES
 from birdtrain.errors import DamagedFileError
 from birdtrain.rundir import (
     MANIFEST,
     NO_EFFECT,
-    Terminated,
     command_line,
     commit_folder,
     first_changed,
     folder_hash,
     hold,
     interrupted_message,
-    interrupted_status,
     settings_differ,
     verify_folder,
     working_on,
@@ -173,7 +172,8 @@ def test_an_interrupt_says_what_it_interrupted_and_how_to_resume(tmp_path: Path)
 AFTER_AN_INTERRUPT = """
 import os, signal
 from pathlib import Path
-from birdtrain.rundir import interrupt_behind, raise_on_sigterm, working_on
+from birdenv.interrupts import interrupt_behind, raise_on_sigterm
+from birdtrain.rundir import working_on
 
 raise_on_sigterm()
 assert interrupt_behind(BrokenPipeError()) is None  # nothing received: an error is an error
@@ -206,7 +206,7 @@ def test_an_error_that_follows_an_interrupt_is_reported_as_the_interrupt() -> No
 STUBBORN_WAIT = """
 import os, signal, threading, time
 from birdenv.interrupts import interruptible
-from birdtrain.rundir import raise_on_sigterm
+from birdenv.interrupts import raise_on_sigterm
 
 raise_on_sigterm()
 ended = []
@@ -239,7 +239,7 @@ def test_an_interruptible_call_acts_on_an_interrupt_its_wait_drops() -> None:
 HELD_INTERRUPTS = """
 import os, signal, threading, time
 from birdenv.interrupts import interrupts_held
-from birdtrain.rundir import raise_on_sigterm
+from birdenv.interrupts import raise_on_sigterm
 
 raise_on_sigterm()
 # Ctrl-C at its default, as in a terminal's foreground job (a background job inherits it ignored).
@@ -359,3 +359,70 @@ def test_birdtrain_eval_refuses_an_output_folder_another_process_writes(
     finally:
         holder.kill()
         holder.wait()
+
+
+# The command's process: a finder sends ``signum`` to the process as ``module`` starts to import
+# (a signal at a moment chosen by the test, not by the machine's speed), then the command runs as
+# its console script runs it.
+SIGNALLED_AT_IMPORT = """
+import os, signal, sys
+module, signum, ignore, prog, *argv = sys.argv[1:]
+if ignore == "ignored":
+    signal.signal(int(signum), signal.SIG_IGN)  # as a shell starts a background job with SIGINT
+
+class Finder:
+    def find_spec(self, name, path=None, target=None):
+        if name == module:
+            os.kill(os.getpid(), int(signum))
+        return None
+
+sys.meta_path.insert(0, Finder())
+sys.argv = [prog, *argv]
+from importlib import import_module
+sys.exit(import_module(prog + ".__main__").main())
+"""
+
+
+def _signalled_at_import(
+    module: str, signum: int, prog: str, *argv: str, ignore: bool = False
+) -> subprocess.CompletedProcess:
+    args = [module, str(int(signum)), "ignored" if ignore else "-", prog, *argv]
+    return subprocess.run(
+        [sys.executable, "-c", SIGNALLED_AT_IMPORT, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("prog", ["birdenv", "birdtrain"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_a_command_loads_ends_it_in_one_line(prog: str, signum: int) -> None:
+    # Before its main() is in place: a SIGTERM would end it with no word, a SIGINT in a traceback
+    # of whatever module was loading.
+    done = _signalled_at_import(f"{prog}.cli", signum, prog, "--help")
+    assert done.returncode == 128 + signum, done.stderr
+    assert done.stdout == ""  # nothing was done: not even the help
+    assert done.stderr == (
+        f"{prog}: interrupted by {signal.Signals(signum).name} while starting, before doing "
+        "anything; run the same command again\n"
+    )
+
+
+def test_a_signal_the_command_was_started_ignoring_stays_ignored() -> None:
+    done = _signalled_at_import("birdenv.cli", signal.SIGINT, "birdenv", "--help", ignore=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: birdenv")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_birdenv_command_interrupted_at_work_ends_in_one_line(
+    signum: int, tmp_path: Path
+) -> None:
+    # `birdenv demo` loads gymnasium when it starts playing, well inside its work.
+    done = _signalled_at_import("gymnasium", signum, "birdenv", "demo", "--out", str(tmp_path))
+    assert done.returncode == 128 + signum, done.stderr
+    assert done.stderr.splitlines()[-1:] == [
+        f"birdenv: interrupted by {signal.Signals(signum).name}"
+    ]
+    assert "Traceback" not in done.stderr, done.stderr

@@ -192,7 +192,7 @@ def _eval(engine: str, out: Path, *extra: str) -> tuple[dict[str, Any], dict[int
     """``birdtrain eval`` on SmolLM2 with ``engine``, agent mode, two environments in worker
     processes; returns the summary and, per worker, whether vLLM was mapped in it."""
     cmd = [
-        *(sys.executable, "-m", "birdtrain.cli", "eval", "--policy", "smollm"),
+        *(sys.executable, "-m", "birdtrain", "eval", "--policy", "smollm"),
         *("--suite", "critic-mini", "--limit", str(TASKS), "--mode", "agent"),
         *("--engine", engine, "--dtype", "bfloat16", "--enforce-eager"),
         *("--max-turns", "2", "--max-new-tokens", "48", "--num-envs", "2", "--out", str(out)),
@@ -236,7 +236,7 @@ def test_an_isolated_evaluation_stops_its_engine_process_and_the_run_goes_on(
     stopped when the evaluation ends, so that process exits and the run completes. Before, it
     waited for the engine's process for ever and the run hung after its first evaluation."""
     argv = [
-        *(sys.executable, "-m", "birdtrain.cli", "curriculum", "--output-dir", str(tmp_path)),
+        *(sys.executable, "-m", "birdtrain", "curriculum", "--output-dir", str(tmp_path)),
         *("--preset", "smoke", "model.name_or_path=smollm", "isolate=true"),
         *(f"stage{i}.enabled=false" for i in range(1, 5)),
         *("eval.after=[]", "eval.max_tasks=1", "eval.train_tasks=0", "eval.modes=[single]"),

@@ -163,7 +163,7 @@ def test_the_command_refuses_a_damaged_part_in_one_line_and_builds_nothing(tmp_p
         "BIRDENV_HOME": str(tmp_path / "home"),
     }
     done = subprocess.run(
-        [sys.executable, "-m", "birdtrain.cli", "models", "path", NAME],
+        [sys.executable, "-m", "birdtrain", "models", "path", NAME],
         capture_output=True,
         text=True,
         env=env,

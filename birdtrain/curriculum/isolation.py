@@ -13,11 +13,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from birdenv.interrupts import INTERRUPTS, interrupts_held
+from birdenv.interrupts import INTERRUPTS, interrupt_behind, interrupts_held, raise_on_sigterm
 from birdtrain.config import CurriculumConfig
 from birdtrain.errors import ProcessDiedError
 from birdtrain.policies import uses_vllm
-from birdtrain.rundir import interrupt_behind, raise_on_sigterm
 
 __all__ = ["isolated", "isolates"]
 

@@ -1,0 +1,19 @@
+"""``birdenv``, the command, and ``python -m birdenv``: SIGINT and SIGTERM are acted on from the
+first moment, while the command's modules load (:func:`birdenv.interrupts.launch`)."""
+
+from __future__ import annotations
+
+import sys
+
+from birdenv.interrupts import launch
+
+__all__ = ["main"]
+
+
+def main() -> int:
+    """Run the ``birdenv`` command (:func:`birdenv.cli.main`) on the process's arguments."""
+    return launch("birdenv", "birdenv.cli")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
