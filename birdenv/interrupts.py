@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import multiprocessing.resource_tracker
 import signal
 import sys
 import threading
@@ -51,7 +52,7 @@ INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM})
 
 
 @contextlib.contextmanager
-def interrupts_held(*, delivered: bool = True) -> Iterator[list[int]]:
+def interrupts_held(*, delivered: bool = True, spawning: bool = False) -> Iterator[list[int]]:
     """Hold SIGINT and SIGTERM back while the body runs; yield the list they are noted in.
 
     Two holds, since either alone leaks. The signals are blocked in this thread: a process
@@ -62,13 +63,23 @@ def interrupts_held(*, delivered: bool = True) -> Iterator[list[int]]:
     mask alone holds). On the way out, the handlers are put back and, with ``delivered``,
     the noted signals raised to them; else the caller does it with :func:`deliver` after its
     own clean-up. A process *forked* inside inherits the noting handlers as well as the mask:
-    it must set its own before it unblocks the signals.
+    it must set its own before it unblocks the signals. A signal this process ignores stays
+    ignored, for it and for every process it starts (SIGINT in a background job).
+
+    ``spawning``: the body starts ``spawn`` or ``forkserver`` processes. The first such start
+    in a process starts multiprocessing's resource tracker, and CPython unblocks both signals
+    in this thread once the tracker is up: the processes started after it (a fork server, which
+    takes seconds to import its preload modules before it ignores Ctrl-C) would not hold them.
+    The tracker is started before the signals are blocked instead.
     """
+    if spawning:
+        multiprocessing.resource_tracker.ensure_running()
     noted: list[int] = []
     previous: dict[int, object] = {}
     if threading.current_thread() is threading.main_thread():
         for signum in INTERRUPTS:
-            previous[signum] = signal.signal(signum, lambda s, _: noted.append(s))
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, lambda s, _: noted.append(s))
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
     try:
         yield noted
@@ -195,16 +206,14 @@ def launch(prog: str, module: str) -> int:
     128 + its number instead, nothing having been done. A signal the command was started with
     ignored (SIGINT in a background job) stays ignored.
     """
-    ignored = {s for s in INTERRUPTS if signal.getsignal(s) is signal.SIG_IGN}
     with interrupts_held(delivered=False) as noted:
         main = importlib.import_module(module).main
-    received = [signum for signum in noted if signum not in ignored]
-    if received:
-        name = signal.Signals(received[0]).name
+    if noted:
+        name = signal.Signals(noted[0]).name
         print(
             f"{prog}: interrupted by {name} while starting, before doing anything; "
             "run the same command again",
             file=sys.stderr,
         )
-        return 128 + received[0]
+        return 128 + noted[0]
     return main()

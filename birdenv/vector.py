@@ -332,7 +332,8 @@ def make_vec(
                 "(the shared buffer is decoded once, at construction); leave it False"
             )
         fns = [functools.partial(_leaving_ctrl_c_to_the_parent, os.getpid(), fn) for fn in fns]
-        with interrupts_held(delivered=False) as interrupted:
+        spawning = options.get("context") in ("spawn", "forkserver")
+        with interrupts_held(delivered=False, spawning=spawning) as interrupted:
             envs = _WorkerEnvs(fns, **options)
         try:
             deliver(interrupted)

@@ -129,7 +129,7 @@ def supervised_map(
     next_out = 0
     try:
         # An interrupt held while they start is raised once each started one is in the list.
-        with interrupts_held():
+        with interrupts_held(spawning=True):
             for _ in range(max(1, min(processes, len(jobs)))):
                 workers.append(_Worker(context, root, run))
         while pending or any(w.job is not None for w in workers):
@@ -175,7 +175,7 @@ def supervised_map(
                     continue
                 done[index] = failed(jobs[index], phase, why)
                 worker.stop(kill=True)
-                with interrupts_held():
+                with interrupts_held(spawning=True):
                     workers[i] = _Worker(context, root, run)
             while next_out in done:
                 yield done.pop(next_out)

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 #: How long a wait that ends as soon as its event happens may last before it is called a hang.
 #: Generous: a loaded machine is slow, and only an event that never comes should fail a test.
@@ -35,22 +36,25 @@ def session_processes(session: int) -> list[int]:
     return pids
 
 
-def foreground(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+def foreground(
+    argv: list[str], env: dict[str, str] | None = None, *, stdout: Any = None, stderr: Any = None
+) -> subprocess.Popen:
     """Start ``birdtrain argv`` as a terminal starts a foreground job: in a process group of its
     own (so that a signal to the group is Ctrl-C), with SIGINT at its default action.
 
     A process started in the background by a shell without job control (``make test &``)
     inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored; so would the command,
     and Ctrl-C would never reach it. A handled signal is reset to its default on ``exec``:
-    SIGINT handled here while the command starts gives it the default a terminal's job has."""
+    SIGINT handled here while the command starts gives it the default a terminal's job has.
+    Its output goes to ``stdout`` and ``stderr`` (default: pipes, as text)."""
     previous = signal.getsignal(signal.SIGINT)
     if previous == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return subprocess.Popen(
             birdtrain(*argv),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE if stdout is None else stdout,
+            stderr=subprocess.PIPE if stderr is None else stderr,
             text=True,
             start_new_session=True,
             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},

@@ -18,14 +18,21 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from birdtrain.trajectory_store import TrajectoryStore
-from tests.interrupting import HANG, catches, no_process_left, session_processes, wait_for
+from tests.interrupting import (
+    HANG,
+    birdtrain,
+    catches,
+    foreground,
+    no_process_left,
+    session_processes,
+    wait_for,
+)
 
 #: The smoke preset, every stage, cut to a few steps, and one evaluation of the final model.
 FULL = [
@@ -46,8 +53,12 @@ TWO_STAGES = [*FULL, "stage2.enabled=false", "stage3.enabled=false"]
 SHORT = [*TWO_STAGES, "stage1.enabled=false"]
 
 
+def _argv(out: Path, config: list[str]) -> list[str]:
+    return ["curriculum", "--output-dir", str(out), *config]
+
+
 def _command(out: Path, config: list[str]) -> list[str]:
-    return [sys.executable, "-m", "birdtrain", "curriculum", "--output-dir", str(out), *config]
+    return birdtrain(*_argv(out, config))
 
 
 def _env() -> dict[str, str]:
@@ -215,15 +226,15 @@ def test_killed_20_times_it_resumes_to_the_same_run(
 
 def _signalled(out: Path, config: list[str], signum: int, after: float) -> int:
     """Run the curriculum; ``after`` seconds once it handles ``signum`` (its handler installed, as
-    the command's first act, before its modules load), send ``signum`` to its whole process group, as ``timeout``, Slurm
-    and Ctrl-C do, unless it ended first. Returns its exit status, after checking that a signalled
-    run ended in one line saying what it interrupted and that the same command resumes, with no
-    traceback and no process left."""
+    the command's first act, before its modules load), send ``signum`` to its whole process
+    group, as ``timeout``, Slurm and Ctrl-C do, unless it ended first. Returns its exit status,
+    after checking that a signalled run ended in one line saying what it interrupted and that the
+    same command resumes, with no traceback and no process left."""
     err_file = out / "err.txt"
     with (out / "log.txt").open("a") as log, err_file.open("w") as err:
-        command = subprocess.Popen(
-            _command(out, config), stdout=log, stderr=err, start_new_session=True, env=_env()
-        )
+        # A terminal's job, its SIGINT at the default: a run in the background inherits Ctrl-C
+        # ignored, and the SIGINT attempts would never land.
+        command = foreground(_argv(out, config), _env(), stdout=log, stderr=err)
         wait_for(
             lambda: catches(command.pid, signum) or command.poll() is not None,
             "the command handles the signal",

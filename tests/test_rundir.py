@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from interrupting import HANG
 
 from birdenv.errors import DirectoryBusyError
 from birdenv.files import LOCK_FILE, directory_lock
@@ -275,6 +276,65 @@ def test_interrupts_held_are_raised_when_the_body_ends_even_with_other_threads()
         "_on_interrupt",
         "True",
     ]
+
+
+# Judging workers fork from a fork server, which imports its preload modules before it ignores
+# Ctrl-C; this preload module is where a Ctrl-C lands.
+CTRL_C_AT_IMPORT = "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n"
+JOBS = (
+    "def run(pool, job):\n    return job * 2\n\n\ndef failed(job, phase, why):\n    return phase\n"
+)
+JUDGE_WITH_WORKERS = """
+import signal
+from birdenv.workers import supervised_map
+from jobs import failed, run
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job
+    print(list(supervised_map(
+        run, [1, 2], processes=2, kill_after=600, failed=failed, preload=["ctrl_c_at_import"]
+    )))
+"""
+
+
+def test_the_fork_server_starts_with_the_interrupts_held(tmp_path: Path) -> None:
+    # The resource tracker's start (the first forkserver process makes it) unblocks SIGINT and
+    # SIGTERM in the starting thread: a fork server started after it got Ctrl-C while it
+    # imported its preload modules, printed its traceback and died, and the parent's worker start
+    # failed with EOFError.
+    (tmp_path / "ctrl_c_at_import.py").write_text(CTRL_C_AT_IMPORT)
+    (tmp_path / "jobs.py").write_text(JOBS)
+    (tmp_path / "main.py").write_text(JUDGE_WITH_WORKERS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "main.py")],
+        capture_output=True,
+        text=True,
+        timeout=HANG,
+        env=env,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "[2, 4]\n", "")
+
+
+IGNORED_AND_HELD = """
+import signal, subprocess, sys
+from birdenv.interrupts import interrupts_held
+
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a background job
+child = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+with interrupts_held():
+    started = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+print(started.stdout.strip(), signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+"""
+
+
+def test_a_signal_ignored_stays_ignored_while_held_and_in_what_starts_then() -> None:
+    # A noting handler in its place would reach a started program as the default action.
+    done = subprocess.run(
+        [sys.executable, "-c", IGNORED_AND_HELD], capture_output=True, text=True, timeout=HANG
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
 
 
 def test_the_lock_is_released_when_its_holder_ends(tmp_path: Path) -> None:

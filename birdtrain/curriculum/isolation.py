@@ -94,7 +94,7 @@ def isolated(
     try:
         # An interrupt that comes while the process starts is raised once it has, here, where
         # the process is ended with this one. It inherits the mask until _child unblocks it.
-        with interrupts_held():
+        with interrupts_held(spawning=True):
             process.start()
             send.close()
         outcome = receive.recv()
