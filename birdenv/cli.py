@@ -23,7 +23,12 @@ from birdenv import suites
 from birdenv.agents import AGENTS, play_tasks
 from birdenv.errors import BirdEnvError
 from birdenv.files import directory_lock
-from birdenv.interrupts import interrupt_behind, interrupted_status, interrupts_raised, signal_name
+from birdenv.interrupts import (
+    interrupted_status,
+    interrupts_raised,
+    reporting_interrupts,
+    signal_name,
+)
 from birdenv.judge import INSTANCE_TIMEOUT, validate_tasks
 from birdenv.judge.ex import validate_bird
 from birdenv.predictions import choose_kind, evaluate_file, write_jsonl
@@ -476,13 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C: a command's workers, sessions and clusters are ended on the way
     with interrupts_raised():
         try:
-            try:
-                return args.func(args)
-            except Exception as exc:  # after an interrupt, a worker that died of it: the interrupt
-                interrupt = interrupt_behind(exc)
-                if interrupt is None:
-                    raise
-                raise interrupt from exc
+            return reporting_interrupts(args.func, args)
         except BirdEnvError as exc:
             print(f"birdenv: {exc}", file=sys.stderr)
             return 2

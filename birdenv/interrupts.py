@@ -42,6 +42,7 @@ __all__ = [
     "interrupts_raised",
     "launch",
     "raise_on_sigterm",
+    "reporting_interrupts",
     "signal_name",
 ]
 
@@ -185,6 +186,18 @@ def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
     if not _RECEIVED:
         return None
     return Terminated() if _RECEIVED[-1] == signal.SIGTERM else KeyboardInterrupt()
+
+
+def reporting_interrupts(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``; an error it raises after an interrupt (:func:`interrupt_behind`) is raised
+    as that interrupt, from the error: a command's way to end in its one line for the signal."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        interrupt = interrupt_behind(exc)
+        if interrupt is None:
+            raise
+        raise interrupt from exc
 
 
 def signal_name(exc: KeyboardInterrupt) -> str:

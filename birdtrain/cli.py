@@ -27,7 +27,7 @@ from typing import Any
 
 from birdenv.cli import subcommand
 from birdenv.errors import BirdEnvError
-from birdenv.interrupts import interrupt_behind, interrupted_status, interrupts_raised
+from birdenv.interrupts import interrupted_status, interrupts_raised, reporting_interrupts
 from birdenv.schema import SCHEMA_MODES
 from birdenv.tasks import load_tasks
 from birdtrain import missing_extra, weights
@@ -497,13 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C: every worker is ended on the way out
     with interrupts_raised():
         try:
-            try:
-                return args.func(args)
-            except Exception as exc:  # after an interrupt, a worker that died of it: the interrupt
-                interrupt = interrupt_behind(exc)
-                if interrupt is None:
-                    raise
-                raise interrupt from exc
+            return reporting_interrupts(args.func, args)
         except (BirdEnvError, ValueError, TeacherError) as exc:
             if args.verbose:
                 raise
