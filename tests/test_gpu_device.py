@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_smoke_device import carried_wheels  # noqa: E402
+from gpu_smoke_device import BUDGET_S, DRY_RUN_SLACK, carried_wheels  # noqa: E402
 
 
 def _wheel(folder: Path, name: str, version: str, *requires: str) -> Path:
@@ -84,7 +84,8 @@ def test_the_device_mode_dry_run_passes(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         env=env,
-        timeout=900,
+        # the dry run's own budget, and time to end its last process and write its summary
+        timeout=BUDGET_S * DRY_RUN_SLACK + 300,
     )
     logs = {p.name: p.read_text()[-3000:] for p in out.glob("*.log")}
     assert proc.returncode == 0, proc.stdout + proc.stderr + json.dumps(logs, indent=1)

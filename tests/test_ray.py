@@ -118,18 +118,21 @@ def test_killed_actor_breaks_only_its_copies(ray_cluster: Any, shop_tasks: list)
 
 def test_hung_actor_is_killed_at_the_step_timeout(ray_cluster: Any, shop_tasks: list) -> None:
     endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c"
+    # The step timeout bounds every call, the healthy reset and SELECT 7 too: 20 s, far from
+    # their cost on any machine (4 s failed the reset under two CPU hogs per core), while the
+    # endless statement's own deadline (600 s) is further still.
     with contextlib.closing(
         make_vec(
             2,
             tasks=shop_tasks,
             backend="ray",
             statement_timeout=600.0,
-            vector_kwargs={"step_timeout": 4.0, "envs_per_actor": 1},
+            vector_kwargs={"step_timeout": 20.0, "envs_per_actor": 1},
         )
     ) as envs:
         envs.reset(seed=0)
         obs, _, _, truncated, info = envs.step([SQL(sql=endless), SQL(sql="SELECT 7 AS n")])
-        assert truncated[0] and "did not answer within step_timeout=4 s" in info["broken"][0]
+        assert truncated[0] and "did not answer within step_timeout=20 s" in info["broken"][0]
         assert obs[1] == "status: ok\nrows: 1\n| n |\n| 7 |" and not truncated[1]
         assert envs.restarts == 1
 

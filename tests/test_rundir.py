@@ -427,8 +427,10 @@ def test_birdtrain_eval_refuses_an_output_folder_another_process_writes(
 SIGNALLED_AT_IMPORT = """
 import os, signal, sys
 module, signum, ignore, prog, *argv = sys.argv[1:]
-if ignore == "ignored":
-    signal.signal(int(signum), signal.SIG_IGN)  # as a shell starts a background job with SIGINT
+# As a shell starts a background job (SIGINT ignored), or a terminal its foreground job, whatever
+# the test run's own SIGINT is.
+handler = signal.SIG_IGN if ignore == "ignored" else signal.default_int_handler
+signal.signal(signal.SIGINT, handler)
 
 class Finder:
     def find_spec(self, name, path=None, target=None):
