@@ -213,3 +213,26 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        _remove_postgres_cluster_of(second_home)
+
+
+def _remove_postgres_cluster_of(node_home: Path) -> None:
+    """Stop and delete the private PostgreSQL cluster a node with its own ``BIRDENV_HOME`` made
+    (a PostgreSQL task played there). The node's processes die with the Ray cluster, their exit
+    hooks unrun, so its server runs on; and its folder lives in the system's temporary directory
+    when the home is out of the server user's reach, outliving the home."""
+    from birdenv.errors import BirdEnvError
+    from birdenv.postgres.server import PrivateCluster
+
+    before = os.environ.get("BIRDENV_HOME")
+    os.environ["BIRDENV_HOME"] = str(node_home)
+    try:
+        cluster = PrivateCluster()  # where that node's cluster is, by the same rule it used
+    except BirdEnvError:  # no PostgreSQL on this machine: no cluster was made
+        return
+    finally:
+        if before is None:
+            del os.environ["BIRDENV_HOME"]
+        else:
+            os.environ["BIRDENV_HOME"] = before
+    cluster.remove()
