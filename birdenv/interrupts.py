@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import multiprocessing.resource_tracker
 import signal
 import sys
 import threading
@@ -74,6 +73,10 @@ def interrupts_held(*, delivered: bool = True, spawning: bool = False) -> Iterat
     The tracker is started before the signals are blocked instead.
     """
     if spawning:
+        # Here, not at the top: every command loads this module before its signals are held
+        # (launch), and multiprocessing would be 13 ms of that unguarded start.
+        import multiprocessing.resource_tracker
+
         multiprocessing.resource_tracker.ensure_running()
     noted: list[int] = []
     previous: dict[int, object] = {}
