@@ -121,10 +121,12 @@ test: $(STAMP) $(VLLM_STAMP) $(ADAPTERS_STAMP)
 
 # `make test` with CPU hogs spinning beside it (two per core: a busy shared machine), to check
 # that no verdict depends on the machine's speed. UNDER_LOAD names another target, e.g.
-# `make test-under-load UNDER_LOAD=test-main TESTS=tests/test_tools.py`.
+# `make test-under-load UNDER_LOAD=test-main TESTS=tests/test_tools.py`. Each pytest run also
+# lists the test phases that took the most CPU time, which the load does not inflate.
 UNDER_LOAD ?= test
 test-under-load: $(STAMP)
-	$(PY) .ci/under_load.py -- $(MAKE) --no-print-directory $(UNDER_LOAD)
+	PYTEST_ADDOPTS="$$PYTEST_ADDOPTS --cpu-durations=30" \
+		$(PY) .ci/under_load.py -- $(MAKE) --no-print-directory $(UNDER_LOAD)
 
 # The main lane alone: every test not marked slow, vllm or device, in .venv (TESTS: some of them).
 TESTS ?=

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import resource
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 _HOME = Path(tempfile.gettempdir()) / f"birdenv-tests-{os.getuid()}"
@@ -51,3 +55,62 @@ collect_ignore = [
     for name, module in (("verl", "verl"), ("openenv", "openenv"), ("skyrl", "skyrl_gym"))
     if importlib.util.find_spec(module) is None
 ]
+
+
+# -- CPU time by test: what a test costs, whatever the load beside it ---------------------------
+# pytest's --durations are wall times, which a loaded machine inflates by turns. The CPU time of a
+# test's process and of the processes it waited for is the same on a busy machine as on an idle
+# one (a process it leaves to others, such as a server's, is not counted).
+_CPU_AT = pytest.StashKey[float]()
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its children that were waited for, in seconds."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cpu-durations",
+        type=int,
+        default=0,
+        metavar="N",
+        help="show the N test phases (setup, call, teardown) that took the most CPU time",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
+    item.stash[_CPU_AT] = _cpu_seconds()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Iterator[pytest.TestReport]:
+    """Each phase's report carries the CPU time it took in ``user_properties``, which
+    pytest-xdist sends from its workers."""
+    report = yield
+    now = _cpu_seconds()
+    if _CPU_AT in item.stash:
+        report.user_properties.append(("cpu_s", now - item.stash[_CPU_AT]))
+    item.stash[_CPU_AT] = now
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    count = config.getoption("--cpu-durations")
+    if not count:
+        return
+    phases = [
+        (dict(report.user_properties)["cpu_s"], report.when, report.nodeid)
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if isinstance(report, pytest.TestReport) and "cpu_s" in dict(report.user_properties)
+    ]
+    terminalreporter.write_sep("=", f"most CPU time: {count} test phases")
+    for seconds, when, nodeid in sorted(phases, reverse=True)[:count]:
+        terminalreporter.write_line(f"{seconds:8.1f} CPU-s {when:<8} {nodeid}")
+    total = sum(seconds for seconds, _, _ in phases)
+    terminalreporter.write_line(f"{total:8.1f} CPU-s in all {len(phases)} test phases")
