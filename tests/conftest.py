@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import sqlite3
 import subprocess
 import threading
@@ -194,6 +195,33 @@ def pg_shop(pg_pool: Any) -> str:
 
     digest = hashlib.sha256(SHOP_SQL.encode()).hexdigest()
     return pg_pool.template(Template("shop", digest, lambda db: db.execute(SHOP_SQL)))
+
+
+@pytest.fixture()
+def official_shop(pg_pool: Any) -> Iterator[str]:
+    """A ``db_id`` whose ``{db_id}_template`` database is on the server, made as the official
+    PostgreSQL images make theirs: the shop tables (:data:`SHOP_SQL`) owned by the administrator,
+    in a template that takes no connections. Its name is the test's own: the tests of another
+    worker, and another run on the same server, make theirs beside it (a fixed name met one that
+    a run stopped midway had left marked a template, which ``DROP DATABASE`` refuses)."""
+    from birdenv.postgres.server import psycopg
+
+    db_id = f"shop_{secrets.token_hex(4)}"
+    template = f"{db_id}_template"
+    with pg_pool.server.admin() as admin:
+        admin.execute(f"CREATE DATABASE {template}")
+    try:
+        with psycopg().connect(**pg_pool.server.connect_kwargs(template), autocommit=True) as db:
+            db.execute(SHOP_SQL)
+        with pg_pool.server.admin() as admin:
+            admin.execute(
+                f"ALTER DATABASE {template} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false"
+            )
+        yield db_id
+    finally:
+        with pg_pool.server.admin() as admin:
+            admin.execute(f"ALTER DATABASE {template} WITH IS_TEMPLATE false")
+            admin.execute(f"DROP DATABASE {template}")
 
 
 # -- a strict OpenAI-compatible chat endpoint on loopback ------------------------------------------

@@ -19,7 +19,7 @@ from birdenv.errors import TaskKindError
 from birdenv.tasks import BirdTask, Task, load_tasks
 from birdenv.tools import format_tool_call
 from birdenv.vector import make_vec
-from tests.conftest import SHOP_SQL, SHOP_TASKS
+from tests.conftest import SHOP_TASKS
 
 pytest.importorskip("psycopg")
 
@@ -221,18 +221,9 @@ def test_the_curriculum_runs_every_stage_on_a_mixture_with_postgresql_tasks(
 
 # -- the official PostgreSQL layout: task rows and the server's own {db_id}_template ----------------
 @pytest.fixture()
-def official_tasks(pg_pool: Any, tmp_path: Path) -> Any:
+def official_tasks(official_shop: str, tmp_path: Path) -> Path:
     """A task file of the official PostgreSQL layout (dialect PostgreSQL, no SQLite file) over
-    the server's own ``shop_template``, made as the official images make theirs."""
-    from birdenv.postgres.server import psycopg
-
-    with pg_pool.server.admin() as admin:
-        admin.execute("DROP DATABASE IF EXISTS shop_template")
-        admin.execute("CREATE DATABASE shop_template")
-    with psycopg().connect(**pg_pool.server.connect_kwargs("shop_template"), autocommit=True) as db:
-        db.execute(SHOP_SQL)
-    with pg_pool.server.admin() as admin:
-        admin.execute("ALTER DATABASE shop_template WITH IS_TEMPLATE true ALLOW_CONNECTIONS false")
+    the server's own ``{db_id}_template``, made as the official images make theirs."""
     check = (  # the official PostgreSQL test signature and helpers
         "def test_case(pred_sqls, sol_sqls, db_name, conn):\n"
         "    res, _ = perform_query_on_postgresql_databases("
@@ -248,12 +239,14 @@ def official_tasks(pg_pool: Any, tmp_path: Path) -> Any:
     rows = [
         {
             **SHOP_TASKS[0],
+            "db_id": official_shop,
             "instance_id": "shop_1_pg",
             "dialect": "PostgreSQL",
             "test_cases": [same],
         },
         {
             **SHOP_TASKS[1],
+            "db_id": official_shop,
             "instance_id": "shop_2_pg",
             "dialect": "PostgreSQL",
             "test_cases": [check],
@@ -261,10 +254,7 @@ def official_tasks(pg_pool: Any, tmp_path: Path) -> Any:
     ]
     path = tmp_path / "official_pg.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    yield path
-    with pg_pool.server.admin() as admin:
-        admin.execute("ALTER DATABASE shop_template WITH IS_TEMPLATE false")
-        admin.execute("DROP DATABASE shop_template")
+    return path
 
 
 def test_the_official_layout_plays_end_to_end_with_the_servers_schema(
@@ -336,7 +326,7 @@ def test_the_ray_backend_plays_postgresql_tasks_on_both_nodes(
         envs.reset(options={"task_id": pg[0].instance_id})
         observations, *_ = envs.step([VERSION] * 2)
         assert all("| PostgreSQL 1" in o for o in observations)
-    # The second node has a server of its own, which does not hold the driver's shop_template:
+    # The second node has a server of its own, which does not hold the driver's shop template:
     # the copy there says so, naming the way out (a BIRDENV_PG_DSN every node reaches).
     with (
         contextlib.closing(make_vec(2, tasks=official_tasks, backend="ray")) as envs,

@@ -10,12 +10,10 @@ from typing import Any
 import gymnasium as gym
 import pytest
 
-import birdenv
 from birdenv.judge import score
 from birdenv.judge.postgres import TaskDatabases, judge_pg, validate_pg_tasks
 from birdenv.tasks import load_tasks, parse_task
 from birdenv.tools import format_tool_call
-from tests.conftest import SHOP_SQL
 
 pytest.importorskip("psycopg")
 
@@ -91,19 +89,12 @@ def test_the_official_phases_and_quirks(pg_tasks: dict, databases: TaskDatabases
     assert score(task, task.sol_sql, pool=databases).passed
 
 
-def test_tasks_of_the_official_layout_are_judged_on_the_servers_own_templates(pg_pool: Any) -> None:
-    with pg_pool.server.admin() as admin:
-        admin.execute("DROP DATABASE IF EXISTS shop_template")
-        admin.execute("CREATE DATABASE shop_template")
-    with birdenv.postgres.server.psycopg().connect(
-        **pg_pool.server.connect_kwargs("shop_template"), autocommit=True
-    ) as db:
-        db.execute(SHOP_SQL)  # owned by the administrator, as root owns the official images' tables
-    with pg_pool.server.admin() as admin:
-        admin.execute("ALTER DATABASE shop_template WITH IS_TEMPLATE true ALLOW_CONNECTIONS false")
+def test_tasks_of_the_official_layout_are_judged_on_the_servers_own_templates(
+    pg_pool: Any, official_shop: str
+) -> None:
     row = {  # an official PostgreSQL row: no dialect, selected_database, error_sql
         "instance_id": "shop_pg_1",
-        "selected_database": "shop",
+        "selected_database": official_shop,
         "query": "Customers without a city should be listed.",
         "error_sql": ["SELECT name FROM customers WHERE city = NULL"],
         "sol_sql": ["SELECT name FROM customers WHERE city IS NULL"],
@@ -115,17 +106,12 @@ def test_tasks_of_the_official_layout_are_judged_on_the_servers_own_templates(pg
             "    assert result == 1\n    return result"
         ],
     }
-    task = parse_task(row)  # no db_dir: the server's own shop_template
+    task = parse_task(row)  # no db_dir: the server's own {db_id}_template
     databases = TaskDatabases(pg_pool)
-    try:
-        assert judge_pg(task, row["sol_sql"], pool=databases).passed
-        assert not judge_pg(task, row["error_sql"], pool=databases).passed
-        with databases.session(task) as session:  # the clone's role owns its tables
-            assert session.execute("DELETE FROM orders").ok
-    finally:
-        with pg_pool.server.admin() as admin:
-            admin.execute("ALTER DATABASE shop_template WITH IS_TEMPLATE false")
-            admin.execute("DROP DATABASE shop_template")
+    assert judge_pg(task, row["sol_sql"], pool=databases).passed
+    assert not judge_pg(task, row["error_sql"], pool=databases).passed
+    with databases.session(task) as session:  # the clone's role owns its tables
+        assert session.execute("DELETE FROM orders").ok
 
 
 # -- agreement with the official PostgreSQL evaluator -----------------------------------------------
