@@ -356,7 +356,8 @@ def test_an_rl_stage_draws_from_its_max_tasks(tmp_path: Path, capsys) -> None:
 
 def test_an_interrupted_difficulty_estimate_samples_only_its_missing_parts(tmp_path: Path) -> None:
     """In parts of 3 tasks, the smoke run's 4 tasks make two parts; after an interruption only
-    the unfinished part is sampled again, and a part made for another policy is not reused."""
+    the unfinished part is sampled again, and a part made for another policy, or sampled at
+    another temperature, is not reused."""
     argv = ["difficulty", "--preset", "smoke", "--output-dir", str(tmp_path), "--stage", "stage4"]
     argv += ["--model", "oracle", "stage4.difficulty_samples=2", "stage4.difficulty_chunk=3"]
     assert main(argv) == 0
@@ -377,11 +378,17 @@ def test_an_interrupted_difficulty_estimate_samples_only_its_missing_parts(tmp_p
     assert after[0] == before[0] and after[1] != before[1]
     assert json.loads(record_path.read_text()) == record
     summary = json.loads((parts / "0" / "summary.json").read_text())
-    (parts / "0" / "summary.json").write_text(json.dumps({**summary, "policy": "another"}))
+    settings = {**summary["settings"], "policy": "another"}
+    (parts / "0" / "summary.json").write_text(json.dumps({**summary, "settings": settings}))
     record_path.unlink()
     assert main(argv) == 0
     assert stamps()[0] != after[0]
     assert json.loads(record_path.read_text()) == record
+    # Sampled otherwise (here at another temperature), no part and no estimate is reused.
+    resampled = stamps()
+    assert main([*argv, "stage4.temperature=0.5"]) == 0
+    assert all(new != old for new, old in zip(stamps(), resampled, strict=True))
+    assert json.loads(record_path.read_text())["settings"]["temperature"] == 0.5
 
 
 def test_difficulty_filter_refuses_a_stage_with_nothing_to_learn(tmp_path: Path, capsys) -> None:

@@ -8,12 +8,14 @@ agent rollouts for stage 4, both with the stage's own sampling settings), and
 :func:`select_tasks` keeps the tasks with 0 < p < 1.
 
 The estimates are written to ``RUN_DIR/difficulty/<stage>.json`` and reused when the same policy
-asks again (a resumed run does not sample twice). With ``difficulty_chunk`` the tasks are sampled
+asks again with the same sampling settings (a resumed run does not sample twice; a changed
+temperature, turn limit or prompt samples anew). With ``difficulty_chunk`` the tasks are sampled
 in parts of that many, each evaluated into ``RUN_DIR/difficulty/<stage>/<kind>/<part>/``; a part
-whose files show the same policy, sample count and tasks is reused, so an estimate interrupted
-after hours resumes at its first missing part::
+whose summary shows the same tasks and settings is reused, so an estimate interrupted after hours
+resumes at its first missing part::
 
     {"stage": "stage3", "model": "...", "mode": "single", "samples": 8,
+     "settings": {"policy": "...", "n": 8, "temperature": 1.0, ...},
      "tasks": {"task_id": {"passed": 3, "samples": 8, "p": 0.375}, ...}}
 """
 
@@ -27,7 +29,7 @@ from typing import Any
 
 from birdenv.errors import BirdEnvError
 from birdtrain.config import CurriculumConfig, EvaluationConfig
-from birdtrain.evaluate import evaluate_policy, read_verdicts
+from birdtrain.evaluate import episode_settings, evaluate_policy, read_verdicts
 from birdtrain.stages.precision import sampling_dtype
 
 __all__ = ["DifficultyError", "estimate_pass_rates", "filter_tasks", "select_tasks"]
@@ -42,8 +44,8 @@ def estimate_pass_rates(
 ) -> dict[str, Any]:
     """Estimate the pass rate of every task in ``tasks`` for ``stage`` (``"stage3"``/``"stage4"``).
 
-    Reuses ``run_dir/difficulty/<stage>.json`` when it was made for the same policy, sample count
-    and tasks; otherwise samples (:func:`birdtrain.evaluate.evaluate_policy` with ``n`` samples
+    Reuses ``run_dir/difficulty/<stage>.json`` when it was made for the same tasks under the same
+    settings (the policy, the sample count and how the stage samples); otherwise samples (:func:`birdtrain.evaluate.evaluate_policy` with ``n`` samples
     per task, its files under ``run_dir/difficulty/<stage>/``) and writes it.
     """
 
@@ -52,19 +54,6 @@ def estimate_pass_rates(
     path = Path(run_dir) / "difficulty" / f"{stage}.json"
     tasks = list({t.instance_id: t for t in tasks}.values())  # a mixture may draw a task twice
     ids = [t.instance_id for t in tasks]
-    if path.is_file():
-        record = json.loads(path.read_text())
-        if (
-            record.get("model") == str(model_path)
-            and record.get("samples") == s.difficulty_samples
-            and sorted(record.get("tasks", {})) == sorted(ids)
-        ):
-            return record
-    passed: dict[str, int] = dict.fromkeys(ids, 0)
-    # One evaluation per task kind: they are scored by different metrics (SR, EX).
-    kinds: dict[type, list[Any]] = {}
-    for task in tasks:
-        kinds.setdefault(type(task), []).append(task)
     k = s.difficulty_samples
     settings = EvaluationConfig(
         mode=mode,
@@ -79,12 +68,22 @@ def estimate_pass_rates(
         engine_options=cfg.eval.engine_options(),
         dtype=sampling_dtype(cfg.model),
     )
+    sampled = episode_settings(str(model_path), settings)
+    if path.is_file():
+        record = json.loads(path.read_text())
+        if record.get("settings") == sampled and sorted(record.get("tasks", {})) == sorted(ids):
+            return record
+    passed: dict[str, int] = dict.fromkeys(ids, 0)
+    # One evaluation per task kind: they are scored by different metrics (SR, EX).
+    kinds: dict[type, list[Any]] = {}
+    for task in tasks:
+        kinds.setdefault(type(task), []).append(task)
     for n, group in enumerate(kinds.values()):
         size = s.difficulty_chunk or len(group)
         for part, start in enumerate(range(0, len(group), size)):
             chunk = group[start : start + size]
             out_dir = path.parent / stage / str(n) / str(part)
-            rows = _finished_part(out_dir, str(model_path), k, chunk)
+            rows = _finished_part(out_dir, sampled, chunk)
             if rows is None:
                 shutil.rmtree(out_dir, ignore_errors=True)  # an interrupted try's trajectories
                 evaluate_policy(str(model_path), tasks=chunk, out_dir=out_dir, config=settings)
@@ -96,6 +95,7 @@ def estimate_pass_rates(
         "model": str(model_path),
         "mode": mode,
         "samples": k,
+        "settings": sampled,
         "tasks": {t: {"passed": c, "samples": k, "p": c / k} for t, c in passed.items()},
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -104,19 +104,19 @@ def estimate_pass_rates(
 
 
 def _finished_part(
-    out_dir: Path, model: str, samples: int, tasks: Sequence[Any]
+    out_dir: Path, settings: dict[str, Any], tasks: Sequence[Any]
 ) -> list[dict[str, Any]] | None:
-    """The verdicts of a part evaluated earlier for the same policy, sample count and tasks, or
-    None when it must be sampled (never finished, or made for something else)."""
+    """The verdicts of a part evaluated earlier for the same tasks under the same ``settings``
+    (:func:`~birdtrain.evaluate.episode_settings`: the policy, the sample count and how it
+    samples), or None when it must be sampled (never finished, or made for something else)."""
     summary_path = out_dir / "summary.json"
     if not summary_path.is_file():  # written last: its presence marks a finished part
         return None
 
-    summary = json.loads(summary_path.read_text())
-    if summary.get("policy") != model or summary.get("samples") != samples:
+    if json.loads(summary_path.read_text()).get("settings") != settings:
         return None
     rows = read_verdicts(out_dir)
-    expected = sorted(t.instance_id for t in tasks for _ in range(samples))
+    expected = sorted(t.instance_id for t in tasks for _ in range(settings["n"]))
     return rows if sorted(r["instance_id"] for r in rows) == expected else None
 
 

@@ -38,7 +38,7 @@ from birdtrain.evaluate.compare import compare_evaluations
 from birdtrain.evaluate.episodes import sharing_engines
 from birdtrain.evaluate.files import read_verdicts
 from birdtrain.evaluate.progress import PROGRESS_FILE, EvaluationProgress
-from birdtrain.evaluate.run import evaluate_policy, policy_label
+from birdtrain.evaluate.run import episode_settings, evaluate_policy, policy_label
 from birdtrain.evaluate.scoring import PAPER_BIRD_RESULTS, PAPER_RESULTS, describe_outcomes
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "EvaluationProgress",
     "compare_evaluations",
     "describe_outcomes",
+    "episode_settings",
     "evaluate_policy",
     "policy_label",
     "read_verdicts",

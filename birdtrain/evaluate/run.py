@@ -27,7 +27,7 @@ from birdtrain.prompts import prompt_for
 from birdtrain.rollout import submitted
 from birdtrain.timeline import Timeline
 
-__all__ = ["evaluate_policy", "policy_label"]
+__all__ = ["episode_settings", "evaluate_policy", "policy_label"]
 
 
 def policy_label(policy: str) -> str:
@@ -71,6 +71,27 @@ def _kind_of(
     return kinds.pop()
 
 
+def episode_settings(policy: str, config: EvaluationConfig) -> dict[str, Any]:
+    """What decides an evaluation's episodes (not how many run at once), as JSON values: a
+    resumed evaluation must match them, and its ``summary.json`` records them as ``settings``, so
+    that whoever reuses finished results (a difficulty estimate's parts) can tell they were made
+    the same way."""
+    settings = {
+        "policy": policy,
+        "mode": config.mode,
+        "n": config.n,
+        "temperature": config.temperature,
+        "max_turns": config.max_turns,
+        "max_new_tokens": config.max_new_tokens,
+        "max_context": config.max_context,
+        "engine": config.engine,
+        "dtype": config.dtype,
+        "prompt": dataclasses.asdict(prompt_for(policy, config.prompt)),
+    }
+    result: dict[str, Any] = json.loads(json.dumps(settings, default=str))
+    return result
+
+
 def evaluate_policy(
     policy: str,
     *,
@@ -112,24 +133,8 @@ def evaluate_policy(
     label = config.label or policy_label(policy)
     by_id = {t.instance_id: t for t in tasks}
     timeline, started = Timeline(), time.perf_counter()
-    # What decides the episodes (not how many run at once): a resumed evaluation must match them.
-    progress = EvaluationProgress(
-        out_dir,
-        {
-            "policy": policy,
-            "mode": mode,
-            "n": n,
-            "temperature": config.temperature,
-            "max_turns": config.max_turns,
-            "max_new_tokens": config.max_new_tokens,
-            "max_context": config.max_context,
-            "engine": config.engine,
-            "dtype": config.dtype,
-            "prompt": dataclasses.asdict(prompt),
-        },
-        list(by_id),
-        n,
-    )
+    settings = episode_settings(policy, config)
+    progress = EvaluationProgress(out_dir, settings, list(by_id), n)
     remaining = [t for t in tasks if t.instance_id not in progress.complete]
     built = engines_built()
     try:
@@ -177,6 +182,7 @@ def evaluate_policy(
     summary.update(mode=mode, split=config.task_set, seconds=round(seconds, 2), time_split=split)
     summary["prompt"] = dataclasses.asdict(prompt)
     summary["dtype"] = config.dtype
+    summary["settings"] = settings
     # 0 when the evaluation generated with an engine an earlier one started (sharing_engines).
     summary["engines_built"] = engines_built() - built
     # An evaluation resumed after an interruption: the tasks it kept, and the seconds spent on
