@@ -473,17 +473,29 @@ def _smoke(command: str, *args: str) -> dict[str, Any]:
     return json.loads(line.removeprefix("RESULT "))
 
 
+def _smoke_here(command: str, *args: str) -> dict[str, Any]:
+    """``benchmarks/gpu_smoke.py COMMAND ARGS`` run in this process, its result as the command
+    prints it (through JSON). For the commands that start no engine (``build``, ``plan``): a
+    process of their own would import torch and transformers again (~15 CPU-s each) for a few
+    seconds of work."""
+    spec = importlib.util.spec_from_file_location("gpu_smoke", GPU_SMOKE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return json.loads(json.dumps(module.COMMANDS[command](*args)))
+
+
 @pytest.fixture(scope="session")
 def qwen2(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The GPU check's model: random Qwen2 weights, the offline tokenizer, two EOS ids."""
-    built = _smoke("build", str(tmp_path_factory.mktemp("qwen2")))
+    built = _smoke_here("build", str(tmp_path_factory.mktemp("qwen2")))
     assert built["model_type"] == "qwen2" and len(set(built["eos_token_ids"])) == 2
     return built["path"]
 
 
 def test_the_gpu_check_plans_its_own_model(qwen2: str) -> None:
     """``birdtrain plan`` on the GPU check's model, as the check compares its peak memory."""
-    planned = _smoke("plan", qwen2)
+    planned = _smoke_here("plan", qwen2)
     assert set(planned) == {"stage3", "stage4"}
     assert all(0 < p["peak_gb"] < 80 and p["fits"] for p in planned.values())
     proc = subprocess.run(["bash", "-n", str(GPU_SMOKE.with_suffix(".sh"))], capture_output=True)
