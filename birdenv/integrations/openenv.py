@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import signal
+import sys
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -31,11 +32,6 @@ from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from openenv.core.client_types import StepResult
-from openenv.core.env_client import EnvClient
-from openenv.core.env_server.http_server import create_app
-from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, ConcurrencyConfig, Observation, State
 from pydantic import Field
 
 from birdenv import tools
@@ -45,6 +41,25 @@ from birdenv.integrations.trl import TRLTools
 from birdenv.interrupts import INTERRUPTS
 from birdenv.replicas import ReplicaPool
 from birdenv.replicas.pool import default_pool
+
+# openenv-core's package imports its Gradio web interface whenever gradio is installed (it is one
+# of its requirements): 6 of the 9 CPU-s this module took to import, in every server and client
+# process, for a page that ``birdenv serve`` never mounts (OpenEnv mounts it only under
+# ENABLE_WEB_INTERFACE=true, and then imports it itself, gradio included). While OpenEnv loads,
+# gradio reads as not installed, which OpenEnv's package handles by leaving that page out. A
+# process that has already imported gradio keeps it.
+_GRADIO_HIDDEN = "gradio" not in sys.modules
+if _GRADIO_HIDDEN:
+    sys.modules["gradio"] = None  # type: ignore[assignment]  # import gradio: ModuleNotFoundError
+try:
+    from openenv.core.client_types import StepResult
+    from openenv.core.env_client import EnvClient
+    from openenv.core.env_server.http_server import create_app
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, ConcurrencyConfig, Observation, State
+finally:
+    if _GRADIO_HIDDEN and sys.modules.get("gradio", False) is None:
+        del sys.modules["gradio"]
 
 __all__ = [
     "DEFAULT_HOST",
