@@ -93,6 +93,8 @@ def test_an_evaluation_after_a_stage_that_trained_nothing_is_reused(tmp_path: Pa
     already made of that policy, not a second run of the same checkpoint."""
     stages_off = [f"stage{i}.enabled=false" for i in range(2, 5)]
     argv = ["curriculum", "--preset", "smoke", "--output-dir", str(tmp_path), *stages_off]
+    # One step of stage 1 and two tasks to evaluate: what is reused does not depend on the sizes.
+    argv += ["stage1.max_steps=1", "eval.max_tasks=2"]
     assert main([*argv, "eval.before=false", "eval.after=[stage1, stage2, stage4]"]) == 0
     run = tmp_path / "smoke"
     assert sorted(p.name for p in (run / "eval").iterdir()) == ["after_stage1"]
