@@ -17,6 +17,7 @@ pytest-benchmark's table included, is shown in the summary.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -24,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,11 @@ import pytest
 
 INSIDE = "BIRDENV_TEST_PRIVATE_NETWORK"  # set in the child: run the marked tests for real
 _REPORTS = "BIRDENV_TEST_PRIVATE_NETWORK_REPORTS"  # where the child writes its reports
-_CHILD_TIMEOUT = 1200
+#: A child that records no report (each test's setup, call and teardown records one) for this
+#: long is taken as hung and stopped. A bound on one test phase, not on a module's worth of them:
+#: under ``make test-under-load`` beside other work the slowest phase, a cluster's start, took
+#: 287 s, and a whole module ran past the 1,200 s that once bounded the child.
+_STALL_TIMEOUT = 900.0
 _RESULTS = pytest.StashKey[dict[str, list[Any]]]()
 _OUTPUT = pytest.StashKey[str]()
 
@@ -93,18 +99,7 @@ def _run_children(session: pytest.Session, scope: str) -> dict[str, list[Any]]:
             *_benchmark_options(config),
             *(i.nodeid for i in items),
         ]
-        try:
-            child = subprocess.run(
-                command,
-                cwd=config.rootpath,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=_CHILD_TIMEOUT,
-            )
-            output = child.stdout + child.stderr
-        except subprocess.TimeoutExpired as exc:
-            output = f"the private-network pytest ran past {_CHILD_TIMEOUT} s\n{exc.stdout or ''}"
+        output = _run_child(command, config.rootpath, env, reports_path)
         reports: dict[str, list[Any]] = {}
         if reports_path.exists():
             for line in reports_path.read_text().splitlines():
@@ -117,6 +112,32 @@ def _run_children(session: pytest.Session, scope: str) -> dict[str, list[Any]]:
         f"the private-network pytest reported nothing for this test; its output:\n{output[-6000:]}"
     )
     return {i.nodeid: reports.get(i.nodeid) or [_failed(i, missing)] for i in items}
+
+
+def _run_child(command: list[str], cwd: Path, env: dict[str, str], reports_path: Path) -> str:
+    """Run the child pytest until it exits, or until it has recorded no report for
+    :data:`_STALL_TIMEOUT` seconds (then it is killed); its output, with the reason it was
+    stopped. The output goes to a file: a pipe left open by a process the child started would
+    hold a reader until that process ended."""
+    stopped = ""
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as out:
+        child = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        size, progressed = -1, time.monotonic()
+        while child.poll() is None:
+            now = reports_path.stat().st_size if reports_path.exists() else 0
+            if now != size:
+                size, progressed = now, time.monotonic()
+            elif time.monotonic() - progressed > _STALL_TIMEOUT:
+                child.kill()
+                child.wait()
+                stopped = (
+                    f"\nthe private-network pytest recorded no report for {_STALL_TIMEOUT:.0f} s "
+                    "(a test phase hung, or took that long): stopped"
+                )
+                break
+            time.sleep(1.0)
+        out.seek(0)
+        return out.read() + stopped
 
 
 def _benchmark_options(config: pytest.Config) -> list[str]:
@@ -193,10 +214,10 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         ray.shutdown()
     second_home = tmp_path_factory.mktemp("second-node-home")
     # Ray gives a starting node 30 s to register with the GCS, a figure fixed in its code
-    # (ray._private.node.Node), which no setting lengthens. Under two CPU hogs per core beside
-    # make test's other lanes, a start missed it twice in a row: each miss starts afresh.
-    attempts = 4
-    for attempt in range(attempts):
+    # (ray._private.node.Node), which no setting lengthens: under two CPU hogs per core beside
+    # make test's other lanes and other work, four starts in a row missed it. While the nodes
+    # start, the lookup it polls waits for the registration itself, bounded by a hang's measure.
+    with _registration_awaited(ray._private.services):
         cluster = Cluster()
         try:
             cluster.add_node(
@@ -204,11 +225,9 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             )
             cluster.add_node(num_cpus=1, env_vars={"BIRDENV_HOME": str(second_home)})
             cluster.wait_for_nodes()
-            break
-        except Exception:
+        except BaseException:
             cluster.shutdown()
-            if attempt == attempts - 1:
-                raise
+            raise
     ray.init(address=cluster.address)
     cluster.second_home = second_home
     try:
@@ -217,6 +236,35 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         ray.shutdown()
         cluster.shutdown()
         _remove_postgres_cluster_of(second_home)
+
+
+#: How long a starting Ray node may take to register with the GCS before it is taken as failed:
+#: a bound for a node that will never register (its raylet died), not a guess at a start's time.
+_REGISTRATION_TIMEOUT = 600.0
+
+
+@contextlib.contextmanager
+def _registration_awaited(services: Any) -> Iterator[None]:
+    """While in the block, ``services.get_node`` (what a starting ``ray._private.node.Node``
+    polls, raising ``RuntimeError`` until the GCS knows the node) retries for up to
+    :data:`_REGISTRATION_TIMEOUT` seconds before it raises."""
+    lookup = services.get_node
+
+    def awaited(*args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + _REGISTRATION_TIMEOUT
+        while True:
+            try:
+                return lookup(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    services.get_node = awaited
+    try:
+        yield
+    finally:
+        services.get_node = lookup
 
 
 def _remove_postgres_cluster_of(node_home: Path) -> None:
