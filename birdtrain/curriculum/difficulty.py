@@ -45,8 +45,9 @@ def estimate_pass_rates(
     """Estimate the pass rate of every task in ``tasks`` for ``stage`` (``"stage3"``/``"stage4"``).
 
     Reuses ``run_dir/difficulty/<stage>.json`` when it was made for the same tasks under the same
-    settings (the policy, the sample count and how the stage samples); otherwise samples (:func:`birdtrain.evaluate.evaluate_policy` with ``n`` samples
-    per task, its files under ``run_dir/difficulty/<stage>/``) and writes it.
+    settings (the policy, the sample count and how the stage samples); otherwise samples
+    (:func:`birdtrain.evaluate.evaluate_policy` with ``n`` samples per task, its files under
+    ``run_dir/difficulty/<stage>/``) and writes it.
     """
 
     s = getattr(cfg, stage)
