@@ -15,7 +15,7 @@ pytest.importorskip("trl", reason="the curriculum needs the train extra")
 
 from birdenv.schema import PromptOptions
 from birdtrain.cli import main
-from birdtrain.config import load_config
+from birdtrain.config import PRESETS, load_config
 from birdtrain.prompts import recorded_prompt
 from birdtrain.sampling import read_groups
 
@@ -45,12 +45,16 @@ def test_config_layers_and_errors(tmp_path: Path) -> None:
         load_config("smoke", overrides=["eval.after=[stage2, stage5]"])
 
 
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_passes_the_configuration_checks_under_its_own_name(name: str) -> None:
+    """A key the configuration lacks, or a value it refuses, in a shipped preset fails here,
+    not when the run reaches that stage hours later."""
+    assert load_config(name).name == name
+
+
 def test_an_unknown_preset_is_one_line_naming_every_preset(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from birdtrain.cli import main
-    from birdtrain.config import PRESETS
-
     with pytest.raises(SystemExit) as exit_info:
         main(["curriculum", "--preset", "huge"])
     assert exit_info.value.code == 2
