@@ -7,6 +7,12 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py constraints.txt 
 
 .PHONY: models demo test test-under-load test-main test-vllm install-vllm test-adapters install-adapters test-all lint bench docs install device-wheels clean
 
+# Python caches what it compiles (`__pycache__` beside each module) unless PYTHONDONTWRITEBYTECODE
+# is set, as some machine images set it, and uv installs no caches: then every process compiles
+# torch, transformers and TRL from source again (19 CPU-s to import them, 6 from the caches). The
+# environments are the project's own, so every command make runs writes those caches.
+unexport PYTHONDONTWRITEBYTECODE
+
 # Every environment is installed by uv, which resolves the same versions as pip (the same
 # constraints) in seconds where pip takes one to eight minutes. uv reads no pip configuration, so
 # pip's find-links (where a machine keeps its CPU torch wheel) are handed over.
