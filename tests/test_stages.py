@@ -548,8 +548,8 @@ def test_bfloat16_on_a_cpu_trains_and_samples_under_autocast(
 ) -> None:
     """``model.dtype=bfloat16`` on a CPU with native bfloat16: the trainer's forward passes and the
     stage's sampler compute in bfloat16 (CPU autocast), while the trained weights stay float32.
-    Without native instructions the same setting computes in float32 (emulated bfloat16 is
-    slower than float32)."""
+    Without native instructions the same setting computes in float32, a LoRA base included
+    (emulated bfloat16 is far slower than float32)."""
     import torch
 
     from birdtrain.stages import sft
@@ -559,6 +559,12 @@ def test_bfloat16_on_a_cpu_trains_and_samples_under_autocast(
     assert training_precision("bfloat16", lora=False, cuda=False, bf16_supported=False) == (
         training_precision("float32", lora=False, cuda=False)
     )
+    # Emulated half precision is far slower than float32: a LoRA base is float32 there too.
+    for half in ("bfloat16", "float16"):
+        precision = training_precision(half, lora=True, cuda=False, bf16_supported=False)
+        assert (precision.weights, precision.compute) == ("float32", "float32")
+    precision = training_precision("bfloat16", lora=True, cuda=False, bf16_supported=True)
+    assert (precision.weights, precision.compute) == ("bfloat16", "bfloat16")
     precision = training_precision("bfloat16", lora=False, cuda=False, bf16_supported=True)
     assert (precision.weights, precision.compute) == ("float32", "bfloat16")
     if not cpu_bf16_supported():
