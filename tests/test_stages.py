@@ -593,6 +593,43 @@ def test_bfloat16_on_a_cpu_trains_and_samples_under_autocast(
     assert len(tokens) == len(logps) >= 1
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_vllm_weight_sync_merges_out_of_place(tiny: str, dtype: str) -> None:
+    """What the weight sync sends vLLM for a LoRA model: each adapted weight merged as peft's
+    ``merge_and_unload`` merges it, while the frozen base (also the KL reference) keeps every bit,
+    on a float32 base as on a bfloat16 one. (On a float32 base the merge once summed into the
+    base itself, adding the adapters to it at every sync.)"""
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from birdtrain.stages.weight_sync import merged_named_params
+
+    base = AutoModelForCausalLM.from_pretrained(tiny, dtype=getattr(torch, dtype))
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)  # peft starts B at zero: a merge would change nothing
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+
+    synced = dict(merged_named_params(model, rename=lambda name: name))
+
+    after = {n: p for n, p in model.named_parameters() if "lora_" not in n}
+    assert all(torch.equal(after[n], before[n]) for n in before)
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()
+    frozen = {
+        n.removeprefix("base_model.model.").replace(".base_layer", ""): p for n, p in before.items()
+    }
+    adapted = [n for n in synced if ".q_proj." in n or ".down_proj." in n]
+    assert adapted and synced.keys() <= merged.keys()
+    assert all(synced[n].dtype == getattr(torch, dtype) for n in synced)
+    assert all(torch.allclose(synced[n], merged[n], rtol=1e-2, atol=1e-2) for n in adapted)
+    assert all(not torch.equal(synced[n], frozen[n]) for n in adapted)
+
+
 def test_save_steps_is_checked() -> None:
     with pytest.raises(ValueError, match="save_steps must be >= 0"):
         _cfg(**{"stage4.save_steps": -1})

@@ -47,7 +47,9 @@ def merged_named_params(model: Any, rename: Any) -> Iterator[tuple[str, Any]]:
         weight = param.detach()
         if layer is not None:
             with torch.no_grad():
-                merged = weight.float()
+                # A copy even of a float32 base: ``.float()`` would return the weight itself, and
+                # the sum below would add the adapters into the frozen base at every sync.
+                merged = weight.to(torch.float32, copy=True)
                 for adapter in layer.active_adapters:
                     if adapter in layer.lora_A:
                         merged += layer.get_delta_weight(adapter).float()
