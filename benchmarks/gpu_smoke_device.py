@@ -313,6 +313,7 @@ def stage3_speed(model: str, out: str, form: str) -> dict[str, Any]:
 
     from birdtrain.policies import unwrapped
     from birdtrain.stages import grpo
+    from birdtrain.stages.precision import training_precision
     from birdtrain.stages.training import train
 
     cfg = _config(model, out, "stage3_speed", form)
@@ -351,6 +352,8 @@ def stage3_speed(model: str, out: str, form: str) -> dict[str, Any]:
         "sampler": type(policy.inner).__name__,  # what stage 3 samples with here
         "device": str(device),
         "base_dtypes": sorted({str(p.dtype) for p in base.values()}),
+        # bfloat16 on a GPU; float32 in a dry run on a CPU without native bfloat16.
+        "rule_base_dtype": f"torch.{training_precision(cfg.model.dtype, lora=True).weights}",
         "base_changed": [
             n
             for n, p in peft_model.named_parameters()
@@ -716,6 +719,7 @@ def _stage3_lines(driver: Driver, why: str, dry_run: bool) -> None:
         driver.say(invariants, "FAIL", "stage 3 failed")
         return
     on_gpu = dry_run or speed["device"].startswith("cuda")
+    base_dtype = speed["rule_base_dtype"] if dry_run else "torch.bfloat16"
     ok = speed["steps"] == 2 and speed["sampler"] == "TransformersPolicy" and on_gpu
     driver.say(
         name,
@@ -731,7 +735,7 @@ def _stage3_lines(driver: Driver, why: str, dry_run: bool) -> None:
             ("no adapter moved", speed["adapters_trained"]),
             ("more than the adapters trains", speed["only_lora_trains"]),
             ("gradient checkpointing off", speed["gradient_checkpointing"]),
-            (f"base in {speed['base_dtypes']}", speed["base_dtypes"] == ["torch.bfloat16"]),
+            (f"base in {speed['base_dtypes']}", speed["base_dtypes"] == [base_dtype]),
             (f"base changed: {speed['base_changed'][:5]}", not speed["base_changed"]),
             ("the reference's logits changed", speed["reference_kept"]),
         )
@@ -741,7 +745,8 @@ def _stage3_lines(driver: Driver, why: str, dry_run: bool) -> None:
         invariants,
         "FAIL" if wrong else "PASS",
         "; ".join(wrong)
-        or "adapters trained, checkpointing on, bfloat16 base and reference unchanged",
+        or f"adapters trained, checkpointing on, {base_dtype.removeprefix('torch.')} base and "
+        "reference unchanged",
     )
 
 
