@@ -15,6 +15,7 @@ import functools
 import importlib.util
 import inspect
 import multiprocessing
+import os
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -32,6 +33,7 @@ __all__ = [
     "VLLMEnginePolicy",
     "VLLMPolicy",
     "backbone",
+    "bind_cpu_engine",
     "eos_token_ids",
     "generation_policy",
     "kv_cache_keyword",
@@ -496,6 +498,24 @@ def uses_vllm(engine: str | bool, model_path: str) -> bool:
     return unsupported is None
 
 
+#: Up to this many CPUs, a CPU engine computes on all of them (:func:`bind_cpu_engine`).
+SMALL_MACHINE_CPUS = 4
+
+
+def bind_cpu_engine() -> None:
+    """Let a vLLM engine started from this process on a small CPU machine compute on every core
+    the process may use (``VLLM_CPU_OMP_THREADS_BIND``, unless the environment sets it).
+
+    vLLM's own binding (``auto``) keeps one core for its scheduler and pins the engine's threads
+    to the others: on 2 cores one computes and the other mostly idles, and a batch decodes 1.5
+    times slower than on both (``benchmarks/README.md``, "vLLM on a small CPU"). Past
+    :data:`SMALL_MACHINE_CPUS` the one core kept is a small share, and vLLM's binding (one NUMA
+    node's cores) stays."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) <= SMALL_MACHINE_CPUS:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cpus)))
+
+
 def kv_cache_bytes(text_config: Any, *, contexts: int, window: int, dtype: str) -> int:
     """The bytes of KV cache that hold ``window`` tokens for each of ``contexts`` sequences of a
     model (``text_config``: its text part's configuration) whose cache is in ``dtype``."""
@@ -537,6 +557,8 @@ def generation_policy(
     options["max_model_len"] = min(
         options.get("max_model_len", text.max_position_embeddings), text.max_position_embeddings
     )
+    if not torch.cuda.is_available():
+        bind_cpu_engine()
     if not torch.cuda.is_available() and "kv_cache_memory_bytes" not in options:
         # On a CPU, gpu_memory_utilization reserves that share of the machine's memory (and vLLM
         # refuses to start when it is not free): the KV cache is sized instead, for a whole window

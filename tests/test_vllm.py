@@ -209,6 +209,42 @@ def _vllm_children(pid: int, seen: dict[int, bool], stop: threading.Event) -> No
         time.sleep(0.2)
 
 
+def _parent(pid: int) -> int:
+    """The parent of process ``pid`` (``/proc/PID/stat``'s fourth field)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _allowed_cpus(status: str) -> set[int]:
+    """The CPUs of a ``/proc/.../status`` text's ``Cpus_allowed_list`` ("0-2,5")."""
+    allowed = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
+    return {
+        cpu
+        for part in allowed.split(":")[1].strip().split(",")
+        for cpu in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)
+    }
+
+
+def _engine_cpus(pid: int, seen: list[set[int]], stop: threading.Event) -> None:
+    """Until ``stop``: the CPUs the threads of each vLLM engine worker process under ``pid`` may
+    run on, all threads together (its OpenMP threads are pinned one CPU each)."""
+    while not stop.is_set():
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if not proc.joinpath("cmdline").read_bytes().startswith(b"VLLM::Worker"):
+                    continue
+                ancestor = _parent(int(proc.name))
+                while ancestor > 1 and ancestor != pid:
+                    ancestor = _parent(ancestor)
+                cpus = set().union(
+                    *(_allowed_cpus(task.read_text()) for task in proc.glob("task/*/status"))
+                )
+            except (OSError, ValueError, IndexError, StopIteration):
+                continue
+            if ancestor == pid and cpus and cpus not in seen:
+                seen.append(cpus)
+        time.sleep(0.5)
+
+
 def _eval(engine: str, out: Path, *extra: str) -> tuple[dict[str, Any], dict[int, bool]]:
     """``birdtrain eval`` on SmolLM2 with ``engine``, agent mode, two environments in worker
     processes; returns the summary and, per worker, whether vLLM was mapped in it."""
@@ -255,7 +291,9 @@ def test_an_isolated_evaluation_stops_its_engine_process_and_the_run_goes_on(
     """The curriculum's evaluation in a process of its own (``isolate=true``, as on a GPU), with
     vLLM's engine in its own process (vLLM's default, off elsewhere in this module): the engine is
     stopped when the evaluation ends, so that process exits and the run completes. Before, it
-    waited for the engine's process for ever and the run hung after its first evaluation."""
+    waited for the engine's process for ever and the run hung after its first evaluation. On a
+    machine of up to four CPUs the engine's worker may compute on all of them (vLLM's own binding
+    keeps one core for its scheduler: on 2 cores, half the machine)."""
     argv = [
         *(sys.executable, "-m", "birdtrain", "curriculum", "--output-dir", str(tmp_path)),
         *("--preset", "smoke", "model.name_or_path=smollm", "isolate=true"),
@@ -268,6 +306,10 @@ def test_an_isolated_evaluation_stops_its_engine_process_and_the_run_goes_on(
     log = tmp_path / "stderr.txt"
     with log.open("w") as stderr:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    engine_cpus: list[set[int]] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=_engine_cpus, args=(proc.pid, engine_cpus, stop), daemon=True)
+    watcher.start()
     # No guess at how long the evaluation takes on this machine: wait for it to be written (or
     # the run to end), then bound what follows, the process's exit, by the time the work took.
     started = time.monotonic()
@@ -291,6 +333,10 @@ def test_an_isolated_evaluation_stops_its_engine_process_and_the_run_goes_on(
         for line in (tmp_path / "smoke" / "processes.jsonl").read_text().splitlines()
     ]
     assert record["name"] == "eval before" and record["exitcode"] == 0
+    stop.set()
+    watcher.join()
+    if len(os.sched_getaffinity(0)) <= 4:
+        assert engine_cpus == [os.sched_getaffinity(0)]
 
 
 def _evaluated(
