@@ -6,7 +6,8 @@ start, generation, the environment and the judge); the summary's time split give
 alone. The engines alternate in one run, so a load from elsewhere on the machine falls on both.
 Needs vLLM (on a CPU, the ``.venv-vllm`` environment ``make install-vllm`` builds):
 ``.venv-vllm/bin/python -m pytest benchmarks/test_engines.py --benchmark-only -m slow -s``;
-figures in benchmarks/README.md ("Evaluation engines").
+figures in benchmarks/README.md ("Evaluation engines"). Also a CPU engine's thread binding, vLLM's
+own against every core ("vLLM on a small CPU").
 """
 
 from __future__ import annotations
@@ -116,4 +117,60 @@ def test_evaluation_round_engines(benchmark, tmp_path: Path, scheme: str) -> Non
         print(
             f"\nevaluation round: {naive:.0f} s with an engine each, {shared:.0f} s with one "
             f"engine: {naive - shared:.0f} s saved ({naive / shared:.2f}x)"
+        )
+
+
+#: Tokens a second decoded, by binding, for the ratio printed at the end.
+DECODED: dict[str, float] = {}
+#: One batch decoded by a CPU engine in its own worker process, as an evaluation's engine runs.
+_DECODE = """
+import json, sys, time
+from birdtrain.models import resolve_model
+from birdtrain.policies import bind_cpu_engine
+from vllm import LLM, SamplingParams
+
+bind_cpu_engine()  # keeps a binding the environment sets
+llm = LLM(model=resolve_model("qwen-coder-0.5b"), enforce_eager=True, dtype="float32",
+          kv_cache_memory_bytes=2 << 30, max_model_len=4096)
+prompts = [f"-- query {i}\\nSELECT customer_id, SUM(amount) FROM orders WHERE" for i in range(16)]
+llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))
+start = time.perf_counter()
+out = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=128, ignore_eos=True))
+seconds = time.perf_counter() - start
+print(json.dumps({"tokens": sum(len(o.outputs[0].token_ids) for o in out), "seconds": seconds}))
+"""
+
+
+@pytest.mark.parametrize("binding", ["auto", "every core"])
+def test_cpu_engine_binding(benchmark, binding: str) -> None:
+    """16 sequences of 128 tokens decoded by Qwen2.5-Coder-0.5B in float32 on a CPU of up to four
+    cores: vLLM's own binding (``auto``: one core kept for its scheduler, the engine's threads on
+    the rest) against every core (:func:`birdtrain.policies.bind_cpu_engine`, what evaluations
+    do). The engine in a worker process of its own, as ``birdtrain eval`` runs it."""
+    import os
+
+    if len(os.sched_getaffinity(0)) > 4:
+        pytest.skip("bind_cpu_engine keeps vLLM's binding past four CPUs")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    if binding == "auto":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
+    result: dict[str, float] = {}
+
+    def run() -> None:
+        proc = subprocess.run(
+            [sys.executable, "-c", _DECODE], env=env, check=True, capture_output=True, text=True
+        )
+        # vLLM logs to stdout too: the result is the line the script prints.
+        line = next(x for x in reversed(proc.stdout.splitlines()) if x.startswith('{"tokens"'))
+        result.update(json.loads(line))
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    DECODED[binding] = result["tokens"] / result["seconds"]
+    benchmark.extra_info.update(tokens_per_s=DECODED[binding])
+    if len(DECODED) == 2:
+        print(
+            f"\ndecoding: {DECODED['every core']:.1f} tokens/s on every core, "
+            f"{DECODED['auto']:.1f} with vLLM's binding "
+            f"({DECODED['every core'] / DECODED['auto']:.2f}x)"
         )
