@@ -224,9 +224,10 @@ def _allowed_cpus(status: str) -> set[int]:
     }
 
 
-def _engine_cpus(pid: int, seen: list[set[int]], stop: threading.Event) -> None:
-    """Until ``stop``: the CPUs the threads of each vLLM engine worker process under ``pid`` may
-    run on, all threads together (its OpenMP threads are pinned one CPU each)."""
+def _engine_cpus(pid: int, seen: dict[int, set[int]], stop: threading.Event) -> None:
+    """Until ``stop``: for each vLLM engine worker process under ``pid``, the CPUs its threads
+    may run on, all threads together, as last seen (its OpenMP threads are pinned one CPU each
+    once they start, so what is seen before then says nothing)."""
     while not stop.is_set():
         for proc in Path("/proc").glob("[0-9]*"):
             try:
@@ -240,8 +241,8 @@ def _engine_cpus(pid: int, seen: list[set[int]], stop: threading.Event) -> None:
                 )
             except (OSError, ValueError, IndexError, StopIteration):
                 continue
-            if ancestor == pid and cpus and cpus not in seen:
-                seen.append(cpus)
+            if ancestor == pid and cpus:
+                seen[int(proc.name)] = cpus
         time.sleep(0.5)
 
 
@@ -306,7 +307,7 @@ def test_an_isolated_evaluation_stops_its_engine_process_and_the_run_goes_on(
     log = tmp_path / "stderr.txt"
     with log.open("w") as stderr:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
-    engine_cpus: list[set[int]] = []
+    engine_cpus: dict[int, set[int]] = {}
     stop = threading.Event()
     watcher = threading.Thread(target=_engine_cpus, args=(proc.pid, engine_cpus, stop), daemon=True)
     watcher.start()
@@ -336,7 +337,7 @@ def test_an_isolated_evaluation_stops_its_engine_process_and_the_run_goes_on(
     stop.set()
     watcher.join()
     if len(os.sched_getaffinity(0)) <= 4:
-        assert engine_cpus == [os.sched_getaffinity(0)]
+        assert list(engine_cpus.values()) == [os.sched_getaffinity(0)]
 
 
 def _evaluated(
