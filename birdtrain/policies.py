@@ -559,13 +559,14 @@ def generation_policy(
     )
     if not torch.cuda.is_available():
         bind_cpu_engine()
-    if not torch.cuda.is_available() and "kv_cache_memory_bytes" not in options:
-        # On a CPU, gpu_memory_utilization reserves that share of the machine's memory (and vLLM
-        # refuses to start when it is not free): the KV cache is sized instead, for a whole window
-        # of each context played at once (eval.num_envs), so that all of them are in flight.
-        options["kv_cache_memory_bytes"] = kv_cache_bytes(
-            text, contexts=contexts, window=options["max_model_len"], dtype=dtype
-        )
+        if "kv_cache_memory_bytes" not in options:
+            # On a CPU, gpu_memory_utilization reserves that share of the machine's memory (and
+            # vLLM refuses to start when it is not free): the KV cache is sized instead, for a
+            # whole window of each context played at once (eval.num_envs), so that all of them
+            # are in flight.
+            options["kv_cache_memory_bytes"] = kv_cache_bytes(
+                text, contexts=contexts, window=options["max_model_len"], dtype=dtype
+            )
     return VLLMEnginePolicy(path, load_tokenizer(path), **options)
 
 

@@ -55,14 +55,12 @@ def _unavailable() -> str | None:
 
 
 def _half() -> str:
-    """The half precision these tests run their engines in: bfloat16 where this machine computes
-    it natively (a GPU, or a CPU with AVX512-BF16 or AMX), float32 elsewhere, where bfloat16 is
-    emulated about 200 times slower than float32 (:mod:`birdtrain.stages.precision`)."""
-    import torch
+    """The half precision these tests run their engines in: the dtype rule's choice for a bfloat16
+    LoRA base here (:mod:`birdtrain.stages.precision`), bfloat16 where this machine computes it
+    natively (a GPU, or a CPU with AVX512-BF16 or AMX), float32 where it would be emulated."""
+    from birdtrain.stages.precision import training_precision
 
-    from birdtrain.stages.precision import cpu_bf16_supported
-
-    return "bfloat16" if torch.cuda.is_available() or cpu_bf16_supported() else "float32"
+    return training_precision("bfloat16", lora=True).weights
 
 
 pytestmark = [

@@ -62,8 +62,8 @@ class ModelConfig:
         "and the reference model are stored in it), 'float32', or 'auto' (on a GPU bfloat16 where "
         "it supports it, else float16; float32 on a CPU). A CPU computes 'bfloat16' under autocast "
         "where it has native bfloat16 instructions (AVX512-BF16, AMX), ~2x faster than float32 "
-        "there, and float32 otherwise, a LoRA base included; sampling in stages 3-4, evaluations and difficulty "
-        "estimates compute in the same dtype",
+        "there, and float32 otherwise, a LoRA base included; sampling in stages 3-4, "
+        "evaluations and difficulty estimates compute in the same dtype",
     )
     gradient_checkpointing: bool = _field(
         True,
