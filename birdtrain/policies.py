@@ -510,9 +510,11 @@ def bind_cpu_engine() -> None:
     to the others: on 2 cores one computes and the other mostly idles, and a batch decodes 1.5
     times slower than on both (``benchmarks/README.md``, "vLLM on a small CPU"). Past
     :data:`SMALL_MACHINE_CPUS` the one core kept is a small share, and vLLM's binding (one NUMA
-    node's cores) stays."""
+    node's cores) stays, and so does an engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
+    which vLLM does not bind."""
     cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) <= SMALL_MACHINE_CPUS:
+    in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+    if len(cpus) <= SMALL_MACHINE_CPUS and not in_process:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cpus)))
 
 
