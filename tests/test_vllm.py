@@ -176,17 +176,33 @@ def test_a_model_vllm_would_compute_differently_is_refused(tmp_path: Path) -> No
     assert isinstance(generation_policy(tiny, engine="auto"), TransformersPolicy)
 
 
-def _vllm_children(pid: int, seen: dict[int, bool], stop: threading.Event) -> None:
+def _vllm_children(
+    pid: int, seen: dict[int, bool], stop: threading.Event, sightings: list[str]
+) -> None:
     """Until ``stop``: for each worker process ``pid`` forked, whether vLLM's libraries are mapped
-    in it (a child forked after the engine started carries them).
+    in it (a child forked after the engine started carries them). ``sightings`` gets a line for
+    each child when first seen, and what ended the watch if it failed: what a failing test shows.
 
     A worker runs ``pid``'s command line for as long as it lives (it never executes another
     program), so it is told by being seen so over 2 s at least. A helper that ``pid`` runs
     (``subprocess`` forks, then executes the program) also has ``pid``'s command line and mappings
     until its exec, which on a loaded machine was seen to take over 0.1 s."""
+    try:
+        _watch_children(pid, seen, stop, sightings)
+    except Exception as exc:  # a dead watcher would read as "no workers"
+        sightings.append(f"the watch failed: {exc!r}")
+        raise
+
+
+def _watch_children(
+    pid: int, seen: dict[int, bool], stop: threading.Event, sightings: list[str]
+) -> None:
+    """:func:`_vllm_children`'s loop."""
     command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    start = time.monotonic()
     first: dict[int, float] = {}
     mapped: dict[int, bool] = {}
+    noted: set[int] = set()
     while not stop.is_set():
         for task in Path(f"/proc/{pid}/task").glob("*"):
             try:
@@ -195,7 +211,15 @@ def _vllm_children(pid: int, seen: dict[int, bool], stop: threading.Event) -> No
                 continue
             for child in map(int, children):
                 try:
-                    if Path(f"/proc/{child}/cmdline").read_bytes() != command:
+                    line = Path(f"/proc/{child}/cmdline").read_bytes()
+                    if child not in noted:
+                        noted.add(child)
+                        sightings.append(
+                            f"{time.monotonic() - start:.1f} s: child {child} of task "
+                            f"{task.name}, {'the same' if line == command else 'another'} "
+                            f"command line ({line[:80]!r})"
+                        )
+                    if line != command:
                         continue
                     maps = Path(f"/proc/{child}/maps").read_text()
                 except OSError:
@@ -244,9 +268,10 @@ def _engine_cpus(pid: int, seen: dict[int, set[int]], stop: threading.Event) -> 
         time.sleep(0.5)
 
 
-def _eval(engine: str, out: Path, *extra: str) -> tuple[dict[str, Any], dict[int, bool]]:
+def _eval(engine: str, out: Path, *extra: str) -> tuple[dict[str, Any], dict[int, bool], list[str]]:
     """``birdtrain eval`` on SmolLM2 with ``engine``, agent mode, two environments in worker
-    processes; returns the summary and, per worker, whether vLLM was mapped in it."""
+    processes; returns the summary, per worker whether vLLM was mapped in it, and the watch's
+    sightings (:func:`_vllm_children`)."""
     cmd = [
         *(sys.executable, "-m", "birdtrain", "eval", "--policy", "smollm"),
         *("--suite", "critic-mini", "--limit", str(TASKS), "--mode", "agent"),
@@ -256,14 +281,17 @@ def _eval(engine: str, out: Path, *extra: str) -> tuple[dict[str, Any], dict[int
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: dict[int, bool] = {}
+    sightings: list[str] = []
     stop = threading.Event()
-    watcher = threading.Thread(target=_vllm_children, args=(proc.pid, seen, stop), daemon=True)
+    watcher = threading.Thread(
+        target=_vllm_children, args=(proc.pid, seen, stop, sightings), daemon=True
+    )
     watcher.start()
     output, _ = proc.communicate()
     stop.set()
     watcher.join()
     assert proc.returncode == 0, output[-3000:]
-    return json.loads((out / "summary.json").read_text()), seen
+    return json.loads((out / "summary.json").read_text()), seen, sightings
 
 
 def _turns(out: Path) -> list[tuple[Any, ...]]:
@@ -278,10 +306,10 @@ def test_eval_agent_mode_with_vllm_starts_the_env_workers_first(tmp_path: Path) 
     """``birdtrain eval --engine vllm`` on SmolLM2 in agent mode, two environments in worker
     processes: the workers fork before the engine starts, so none carries vLLM's threads,
     sockets and locks (a worker forked after it has vLLM's libraries mapped)."""
-    summary, workers = _eval("vllm", tmp_path)
+    summary, workers, sightings = _eval("vllm", tmp_path)
     assert summary["metric"] == "SR"
     assert len((tmp_path / "verdicts.jsonl").read_text().splitlines()) == TASKS
-    assert len(workers) >= 2 and not any(workers.values()), workers
+    assert len(workers) >= 2 and not any(workers.values()), (workers, sightings)
 
 
 def test_an_isolated_evaluation_stops_its_engine_process_and_the_run_goes_on(
