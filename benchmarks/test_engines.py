@@ -13,6 +13,7 @@ own against every core ("vLLM on a small CPU").
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -147,8 +148,6 @@ def test_cpu_engine_binding(benchmark, binding: str) -> None:
     cores: vLLM's own binding (``auto``: one core kept for its scheduler, the engine's threads on
     the rest) against every core (:func:`birdtrain.policies.bind_cpu_engine`, what evaluations
     do). The engine in a worker process of its own, as ``birdtrain eval`` runs it."""
-    import os
-
     if len(os.sched_getaffinity(0)) > 4:
         pytest.skip("bind_cpu_engine keeps vLLM's binding past four CPUs")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}

@@ -236,16 +236,6 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def _allowed_cpus(status: str) -> set[int]:
-    """The CPUs of a ``/proc/.../status`` text's ``Cpus_allowed_list`` ("0-2,5")."""
-    allowed = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
-    return {
-        cpu
-        for part in allowed.split(":")[1].strip().split(",")
-        for cpu in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)
-    }
-
-
 def _engine_cpus(pid: int, seen: dict[int, set[int]], stop: threading.Event) -> None:
     """Until ``stop``: for each vLLM engine worker process under ``pid``, the CPUs its threads
     may run on, all threads together, as last seen (its OpenMP threads are pinned one CPU each
@@ -259,9 +249,9 @@ def _engine_cpus(pid: int, seen: dict[int, set[int]], stop: threading.Event) -> 
                 while ancestor > 1 and ancestor != pid:
                     ancestor = _parent(ancestor)
                 cpus = set().union(
-                    *(_allowed_cpus(task.read_text()) for task in proc.glob("task/*/status"))
+                    *(os.sched_getaffinity(int(task.name)) for task in proc.glob("task/*"))
                 )
-            except (OSError, ValueError, IndexError, StopIteration):
+            except (OSError, ValueError, IndexError):
                 continue
             if ancestor == pid and cpus:
                 seen[int(proc.name)] = cpus
