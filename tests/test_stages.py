@@ -630,6 +630,61 @@ def test_the_vllm_weight_sync_merges_out_of_place(tiny: str, dtype: str) -> None
     assert all(not torch.equal(synced[n], frozen[n]) for n in adapted)
 
 
+@pytest.mark.parametrize("half", [False, True])
+def test_a_lora_checkpoint_is_merged_out_of_place(tiny: str, tmp_path: Path, half: bool) -> None:
+    """A LoRA stage's checkpoint holds what peft's ``merge_and_unload`` and ``save_pretrained``
+    would write (every weight, the config), in the trainer's half dtype under mixed precision,
+    written a shard at a time with its index, while the trainer's model stays unmerged."""
+    import copy
+    from types import SimpleNamespace
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from birdtrain.stages.outputs import save_checkpoint, save_merged
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny), LoraConfig(r=4, target_modules=["q_proj"])
+    )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)  # peft starts B at zero: a merge would change nothing
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    dtype = torch.bfloat16 if half else torch.float32
+    reference = copy.deepcopy(model).merge_and_unload().to(dtype)
+    reference.save_pretrained(tmp_path / "reference")
+    args = SimpleNamespace(bf16=half, fp16=False)
+    save_checkpoint(model, AutoTokenizer.from_pretrained(tiny), tmp_path / "one", args=args)
+    total = sum(p.nbytes for p in reference.state_dict().values())
+    save_merged(model, tmp_path / "shards", dtype=dtype if half else None, shard_bytes=total // 3)
+
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    expected = json.loads((tmp_path / "reference/config.json").read_text())
+    assert [p.name for p in (tmp_path / "one").glob("*.safetensors")] == ["model.safetensors"]
+    shards = sorted(p.name for p in (tmp_path / "shards").glob("*.safetensors"))
+    assert len(shards) >= 3 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    index = json.loads((tmp_path / "shards/model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == shards
+    for folder in ("one", "shards"):
+        assert json.loads((tmp_path / folder / "config.json").read_text()) == expected
+        saved: dict[str, Any] = {}
+        for file in (tmp_path / folder).glob("*.safetensors"):
+            with safe_open(file, "pt") as f:
+                assert f.metadata() == {"format": "pt"}
+                saved |= {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+        loaded, info = AutoModelForCausalLM.from_pretrained(
+            tmp_path / folder, output_loading_info=True
+        )
+        assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+        want = reference.state_dict()
+        assert saved.keys() <= want.keys() and loaded.state_dict().keys() == want.keys()
+        assert all(saved[k].dtype == dtype and torch.equal(saved[k], want[k]) for k in saved)
+        assert all(torch.equal(v, want[k]) for k, v in loaded.state_dict().items())
+
+
 def test_save_steps_is_checked() -> None:
     with pytest.raises(ValueError, match="save_steps must be >= 0"):
         _cfg(**{"stage4.save_steps": -1})

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,15 @@ from birdtrain.stages.training import StageError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["IS_RATIO_MIN", "finish_stage", "masked_steps", "save_checkpoint", "write_metrics"]
+__all__ = [
+    "IS_RATIO_MIN",
+    "SHARD_BYTES",
+    "finish_stage",
+    "masked_steps",
+    "save_checkpoint",
+    "save_merged",
+    "write_metrics",
+]
 
 
 def finish_stage(
@@ -117,16 +128,89 @@ def save_checkpoint(
     (:class:`birdenv.schema.PromptOptions`), the setting the model was trained on, is recorded
     beside them (:func:`birdtrain.prompts.record_prompt`) for evaluations to read it the same way.
     """
-    # A peft model saves adapters only; later stages and evaluation load a plain checkpoint.
-    if hasattr(model, "merge_and_unload"):
-        model = model.merge_and_unload()
-    if args is not None and (args.bf16 or args.fp16):
-        # the train extra: imported only where used
-        import torch
+    # the train extra: imported only where used
+    import torch
+    from peft import PeftModel
 
-        model = model.to(torch.bfloat16 if args.bf16 else torch.float16)
-    model.save_pretrained(path)
+    half = None
+    if args is not None and (args.bf16 or args.fp16):
+        half = torch.bfloat16 if args.bf16 else torch.float16
+    if isinstance(model, PeftModel):
+        # A peft model saves adapters only; later stages and evaluation load a plain checkpoint.
+        save_merged(model, path, dtype=half)
+    else:
+        (model if half is None else model.to(half)).save_pretrained(path)
     tokenizer.save_pretrained(path)
     if prompt is not None:
         record_prompt(path, prompt)
     return path
+
+
+#: The most bytes of merged weights :func:`save_merged` holds at once (one shard's).
+SHARD_BYTES = 2**30
+
+
+def save_merged(
+    model: Any, path: Path, *, dtype: Any = None, shard_bytes: int = SHARD_BYTES
+) -> None:
+    """Write the PEFT ``model`` with its LoRA adapters merged as a plain ``transformers``
+    checkpoint at ``path`` (config, generation config, safetensors shards of at most
+    ``shard_bytes`` and their index), in ``dtype`` (a torch dtype; None: as trained).
+
+    The merge is out of place and streamed a shard at a time
+    (:func:`birdtrain.stages.weight_sync.merged_named_params`); the model is only read. peft's
+    ``merge_and_unload`` would write every adapted weight in place: where the frozen base is a
+    private mapping of its checkpoint file (``transformers`` 5 loads it so), that turns the
+    mapped pages of a 1.5B model into 5 GB of anonymous memory, at the end of a stage 4 whose
+    colocated vLLM engine still holds its own copy of the model.
+    """
+    # the train extra: imported only where used
+    from safetensors.torch import save_file
+
+    from birdtrain.stages.weight_sync import checkpoint_name, merged_named_params
+
+    base = model.get_base_model()
+    path.mkdir(parents=True, exist_ok=True)
+    parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    buffers = (  # persistent buffers: in a checkpoint, like the weights
+        (checkpoint_name(name, model.prefix), tensor)
+        for name, tensor in model.state_dict().items()
+        if name not in parameters
+    )
+    tensors = itertools.chain(merged_named_params(model, rename=lambda name: name), buffers)
+    shards: list[list[str]] = []
+    shard: dict[str, Any] = {}
+    shard_size = total = 0
+    saved_dtype = None
+    for name, tensor in tensors:
+        if name is None:
+            continue
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        saved_dtype = saved_dtype or (tensor.dtype if tensor.is_floating_point() else None)
+        if shard and shard_size + tensor.nbytes > shard_bytes:
+            save_file(shard, path / f"model-{len(shards) + 1:05d}.safetensors", {"format": "pt"})
+            shards.append(list(shard))
+            shard, shard_size = {}, 0
+        shard[name] = tensor.contiguous()
+        shard_size += tensor.nbytes
+        total += tensor.nbytes
+    save_file(shard, path / f"model-{len(shards) + 1:05d}.safetensors", {"format": "pt"})
+    shards.append(list(shard))
+    if len(shards) == 1:
+        os.replace(path / "model-00001.safetensors", path / "model.safetensors")
+    else:
+        weight_map = {}
+        for number, names in enumerate(shards, start=1):
+            file = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+            os.replace(path / f"model-{number:05d}.safetensors", path / file)
+            weight_map |= dict.fromkeys(names, file)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    config = copy.deepcopy(base.config)
+    # as save_pretrained records them: the weights' dtype, and the class that loads them
+    config.dtype = str(saved_dtype or base.dtype).removeprefix("torch.")
+    config.architectures = [type(base).__name__]
+    config.save_pretrained(path)
+    if base.can_generate() and base.generation_config is not None:
+        base.generation_config.save_pretrained(path)

@@ -20,7 +20,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["install", "merged_named_params"]
+__all__ = ["checkpoint_name", "install", "merged_named_params"]
 
 
 def merged_named_params(model: Any, rename: Any) -> Iterator[tuple[str, Any]]:
@@ -39,9 +39,9 @@ def merged_named_params(model: Any, rename: Any) -> Iterator[tuple[str, Any]]:
             if any(module.use_dora.get(a) for a in module.active_adapters):
                 raise ValueError("the out-of-place vLLM weight sync does not merge DoRA adapters")
             adapters[id(module.get_base_layer().weight)] = module
-    for name, param in model.named_parameters():
-        name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-        if model.prefix in name or "original_module" in name:
+    for peft_name, param in model.named_parameters():
+        name = checkpoint_name(peft_name, model.prefix)
+        if name is None:
             continue  # adapters (merged below) and the unused copy of a module trained whole
         layer = adapters.get(id(param))
         weight = param.detach()
@@ -54,7 +54,17 @@ def merged_named_params(model: Any, rename: Any) -> Iterator[tuple[str, Any]]:
                     if adapter in layer.lora_A:
                         merged += layer.get_delta_weight(adapter).float()
                 weight = merged.to(param.dtype)
-        yield rename(name.replace("modules_to_save.default.", "")), weight
+        yield rename(name), weight
+
+
+def checkpoint_name(name: str, adapter_prefix: str) -> str | None:
+    """The name a weight or buffer ``name`` of a PEFT model has in a plain checkpoint, or None
+    for an adapter's own weight (``adapter_prefix``: ``lora_`` for LoRA) and for the unused copy
+    of a module trained whole (``modules_to_save``)."""
+    name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+    if adapter_prefix in name or "original_module" in name:
+        return None
+    return name.replace("modules_to_save.default.", "")
 
 
 def _iter_named_params(generation: Any) -> Iterator[tuple[str, Any]]:
