@@ -421,6 +421,10 @@ def test_a_removed_cluster_leaves_no_process_and_no_folder(own_cluster: Any) -> 
     assert cluster.postmaster_pid() is None and not cluster.root.exists()
     assert not cluster.socket_dir.exists()
     assert not process_alive(pid)
+    # What the process's exit hook calls: the use ended with the removal (it once opened the
+    # removed folder's lock and printed a FileNotFoundError at every test run's exit).
+    cluster.close()
+    assert not cluster.root.exists()
 
 
 def test_an_external_server_named_by_a_dsn(own_cluster: Any) -> None:

@@ -507,6 +507,11 @@ class PrivateCluster(Server):
         temporary directory where the home was out of the server user's reach, see the class's
         docstring) and its socket folder. For clusters made for a while, such as a test's: the
         folder a temporary home is moved to outlives that home."""
+        with self._lock:  # this process no longer uses it: nothing is left to close at exit
+            fd, self._users_fd = self._users_fd, None
+        if fd is not None:
+            os.close(fd)
+            atexit.unregister(self.close)
         if self.postmaster_pid() is not None:
             self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
