@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from birdenv.judge import judge, judge_many
-from birdenv.judge.cache import CACHE_FILE, JudgeCache, schedule_key
+from birdenv.judge.cache import CACHE_FILE, IssueOutcome, JudgeCache, schedule_key
 from birdenv.replicas import ReplicaPool
 from birdenv.replicas.placement import default_root
 from birdenv.tasks import parse_task
@@ -182,3 +182,18 @@ def test_judge_many_workers_judge_on_the_callers_root(
         (verdict,) = judge_many([(task, task.sol_sql)], processes=1)
         assert verdict.passed
         assert list((tmp_path / home / "replicas" / "bases").glob("*.sqlite"))
+
+
+def test_a_cache_busy_when_first_opened_is_used_once_it_is_free(tmp_path: Path) -> None:
+    """Another process writing the cache file when this one first opens it (24 evaluation workers
+    starting at once on a loaded machine): this use skips the cache, the next ones use it. Before,
+    one busy moment left the process on its memory alone for the rest of its life."""
+    holder = sqlite3.connect(tmp_path / CACHE_FILE, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    cache = JudgeCache(tmp_path)
+    assert cache.get("issue") is None
+    holder.execute("COMMIT")
+    holder.close()
+    cache.put("issue", IssueOutcome(True, {"SELECT 1": [(1,)]}))
+    # a new process's cache (a fresh connection) finds the entry on disk
+    assert JudgeCache(tmp_path).get("issue") == IssueOutcome(True, {"SELECT 1": [(1,)]})

@@ -51,6 +51,8 @@ CACHE_FILE = "judge-cache.sqlite"
 # Entries kept in memory per process, and the largest memo (serialised) worth storing.
 _MEMORY_ENTRIES = 2048
 _MAX_MEMO_BYTES = 4 << 20
+# SQLite's answers to a lock held by another connection: transient, unlike a corrupt file.
+_BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 # Test code that may not give the same outcome twice: clocks, randomness, the process environment.
 _UNSTABLE_TEST = re.compile(
@@ -164,21 +166,33 @@ class JudgeCache:
         if not self.persistent:
             return None
         if self._conn is None:
+            conn = None
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 # A short wait: a busy cache is skipped, never waited on for long.
                 conn = sqlite3.connect(self.path, timeout=1, check_same_thread=False)
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute(
-                    "CREATE TABLE IF NOT EXISTS issue_outcome "
-                    "(key TEXT PRIMARY KEY, issue_passed INTEGER NOT NULL, memo TEXT NOT NULL)"
-                )
-                conn.execute(
-                    "CREATE TABLE IF NOT EXISTS judge_seconds "
-                    "(key TEXT PRIMARY KEY, seconds REAL NOT NULL)"
-                )
-                conn.commit()
+                # Opening writes only what is missing (the mode, the tables): a file already set
+                # up opens with reads alone, which WAL never blocks, however busy its writers.
+                if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    conn.execute("PRAGMA journal_mode = WAL")
+                tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+                if not {"issue_outcome", "judge_seconds"} <= tables:
+                    conn.execute(
+                        "CREATE TABLE IF NOT EXISTS issue_outcome "
+                        "(key TEXT PRIMARY KEY, issue_passed INTEGER NOT NULL, memo TEXT NOT NULL)"
+                    )
+                    conn.execute(
+                        "CREATE TABLE IF NOT EXISTS judge_seconds "
+                        "(key TEXT PRIMARY KEY, seconds REAL NOT NULL)"
+                    )
+                    conn.commit()
             except (sqlite3.Error, OSError) as exc:
+                if conn is not None:
+                    conn.close()
+                if getattr(exc, "sqlite_errorcode", None) in _BUSY:
+                    # Another process is setting it up or writing: skipped now, opened next time.
+                    log.info("judge cache %s busy, skipped this time: %s", self.path, exc)
+                    return None
                 log.warning("judge cache %s unusable, kept in memory only: %s", self.path, exc)
                 self.persistent = False
                 return None
