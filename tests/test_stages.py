@@ -498,7 +498,8 @@ def test_an_interrupted_stage_resumes_from_its_last_checkpoint(
     shop: list[Task], tiny: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A stage stopped after an intermediate checkpoint resumes there when rerun, and ends where
-    an uninterrupted run ends: same steps, same losses, same weights."""
+    an uninterrupted run ends: same steps, same losses, same weights. A checkpoint whose save was
+    cut short (the process killed while writing it) is passed over."""
     import torch
     from transformers import AutoModelForCausalLM, TrainerCallback
 
@@ -523,10 +524,18 @@ def test_an_interrupted_stage_resumes_from_its_last_checkpoint(
     with pytest.raises(Killed):
         train(interrupted)
     assert [p.name for p in (tmp_path / "a/trainer").glob("checkpoint-*")] == ["checkpoint-2"]
+    # A later save killed midway: its folder holds part of the weights and no trainer state.
+    cut = tmp_path / "a/trainer/checkpoint-3"
+    cut.mkdir()
+    (cut / "model.safetensors").write_bytes(
+        (tmp_path / "a/trainer/checkpoint-2/model.safetensors").read_bytes()[:4096]
+    )
 
     capsys.readouterr()
     resumed = sft.run(cfg, model_path=tiny, out_dir=tmp_path / "a", examples=examples, stage=1)
-    assert f"resuming from {tmp_path / 'a/trainer/checkpoint-2'}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{cut} was not written to its end" in out
+    assert f"resuming from {tmp_path / 'a/trainer/checkpoint-2'}" in out
     straight = sft.run(cfg, model_path=tiny, out_dir=tmp_path / "b", examples=examples, stage=1)
 
     def losses(run: str) -> dict[int, float]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,6 +108,32 @@ def stage_actor(trainer: Any, policy: Any = None) -> Any:
     return policies.TransformersPolicy(model, trainer.processing_class, dtype=dtype)
 
 
+def _last_complete_checkpoint(folder: Path) -> str | None:
+    """The newest intermediate checkpoint (``checkpoint-N``) in a trainer's output ``folder`` that
+    was written to its end, or None.
+
+    The Trainer writes a checkpoint's ``trainer_state.json`` last: a process killed while saving
+    leaves a folder without it (or with it cut short), and resuming from that folder fails. Such a
+    folder is passed over with a line saying so, and the next save of its step writes over it.
+    """
+    steps = sorted(
+        (
+            (int(match.group(1)), path)
+            for path in folder.iterdir()
+            if path.is_dir() and (match := re.fullmatch(r"checkpoint-(\d+)", path.name))
+        ),
+        reverse=True,
+    )
+    for _, path in steps:
+        try:
+            json.loads((path / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            print(f"{path} was not written to its end (a save interrupted): passed over")
+            continue
+        return str(path)
+    return None
+
+
 def train(trainer: Any) -> None:
     """``trainer.train()``, resumed from the newest intermediate checkpoint in the trainer's
     output folder when an earlier, interrupted run left one, and quiet unless transformers logs
@@ -116,12 +144,9 @@ def train(trainer: Any) -> None:
     loader skips the batches already trained on. A stage's own sampling state (dynamic
     sampling's replacement draws) starts afresh.
     """
-    # the train extra: imported only where used
-    from transformers.trainer_utils import get_last_checkpoint
-
     weight_sync.install(trainer)  # LoRA merged out of place for vLLM: the base stays untouched
     out = Path(trainer.args.output_dir)
-    last = get_last_checkpoint(str(out)) if out.is_dir() else None
+    last = _last_complete_checkpoint(out) if out.is_dir() else None
     if last is not None:
         print(f"resuming from {last}")
     _quiet_steps(trainer)
