@@ -116,17 +116,23 @@ def _last_complete_checkpoint(folder: Path) -> str | None:
     leaves a folder without it (or with it cut short), and resuming from that folder fails. Such a
     folder is passed over with a line saying so, and the next save of its step writes over it.
     """
+    # The Trainer's own names for its checkpoint folders and its state file; the caller's
+    # trainer has already imported both modules.
+    from transformers.trainer import TRAINER_STATE_NAME
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    pattern = re.compile(rf"{re.escape(PREFIX_CHECKPOINT_DIR)}-(\d+)")
     steps = sorted(
         (
             (int(match.group(1)), path)
             for path in folder.iterdir()
-            if path.is_dir() and (match := re.fullmatch(r"checkpoint-(\d+)", path.name))
+            if path.is_dir() and (match := pattern.fullmatch(path.name))
         ),
         reverse=True,
     )
     for _, path in steps:
         try:
-            json.loads((path / "trainer_state.json").read_text())
+            json.loads((path / TRAINER_STATE_NAME).read_text())
         except (OSError, ValueError):
             print(f"{path} was not written to its end (a save interrupted): passed over")
             continue
