@@ -173,9 +173,10 @@ def _tagged(text: str) -> str:
     """``text``, or, when it has no ``<tool_call>`` tag and exactly one fenced JSON code block
     (```` ```json ```` or ```` ``` ````, then an object), that block's object between the tags:
     instruct models trained on code write their calls so (Qwen2.5-Coder-1.5B-Instruct wrote every
-    one of 72 opening turns so), and a call they meant is read as the call it is. Two such blocks
-    are not one call; tags, where present, rule. Linear in the text (no pattern that backtracks
-    over a hostile turn full of fences)."""
+    one of 72 opening turns so), and a call they meant is read as the call it is. Several such
+    blocks are several calls, each between its own tags, so that the turn is refused for what it
+    is (two calls in one turn, not none); tags, where present, rule. Linear in the text (no
+    pattern that backtracks over a hostile turn full of fences)."""
     if _OPEN in text or "```" not in text:
         return text
     fenced = [
@@ -183,7 +184,7 @@ def _tagged(text: str) -> str:
         for block in text.split("```")[1:-1:2]  # the insides of complete fences
         if (body := block.removeprefix("json").strip()).startswith("{") and body.endswith("}")
     ]
-    return f"{_OPEN}{fenced[0]}{_CLOSE}" if len(fenced) == 1 else text
+    return "".join(f"{_OPEN}{body}{_CLOSE}" for body in fenced) or text
 
 
 def parse_tool_call(text: str) -> ToolCall:

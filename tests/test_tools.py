@@ -62,7 +62,8 @@ def test_a_call_in_one_fenced_json_block_is_that_call() -> None:
     ("text", "message"),
     [
         ("just prose", "no tool call"),
-        (CODER_CALL + "\n" + CODER_CALL, "no tool call"),  # two fenced blocks are not one call
+        # Two fenced calls are two calls, and the model is told so (not that it made none).
+        (f"I run it, then submit.\n{CODER_CALL}\nThen:\n{CODER_CALL}", "^2 tool calls in one turn"),
         ("```sql\nSELECT 1\n```", "no tool call"),
         ('```json\n{"name": "drop_db", "arguments": {}}\n```', "unknown tool"),
         ("<tool_call>{}", "without </tool_call>"),
