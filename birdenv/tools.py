@@ -170,8 +170,8 @@ def _blocks(text: str) -> list[str]:
 
 
 def _tagged(text: str) -> str:
-    """``text``, or, when it has no ``<tool_call>`` tag and exactly one fenced JSON code block
-    (```` ```json ```` or ```` ``` ````, then an object), that block's object between the tags:
+    """``text``, or, when it has no ``<tool_call>`` tag and fenced JSON code blocks
+    (```` ```json ```` or ```` ``` ````, then an object), each block's object between the tags:
     instruct models trained on code write their calls so (Qwen2.5-Coder-1.5B-Instruct wrote every
     one of 72 opening turns so), and a call they meant is read as the call it is. Several such
     blocks are several calls, each between its own tags, so that the turn is refused for what it
