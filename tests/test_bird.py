@@ -21,6 +21,8 @@ from birdenv.tasks import BirdTask, load_bird
 from birdenv.tools import format_tool_call
 from tests.conftest import build_shop
 
+pytestmark = pytest.mark.long  # conftest.py: started first
+
 PAIRS = Path(__file__).parent / "fixtures" / "bird_ex" / "pairs.jsonl"
 PAIR_ROWS = [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
 

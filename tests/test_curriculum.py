@@ -19,6 +19,8 @@ from birdtrain.config import PRESETS, load_config
 from birdtrain.prompts import recorded_prompt
 from birdtrain.sampling import read_groups
 
+pytestmark = pytest.mark.long  # conftest.py: started first
+
 
 def test_config_layers_and_errors(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"

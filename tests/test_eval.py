@@ -28,6 +28,8 @@ from birdtrain.prompts import PROMPT_RECORD, prompt_for, record_prompt, recorded
 from birdtrain.stats import paired_difference, pass_at_k, wilson_interval
 from birdtrain.trajectory_store import TrajectoryStore
 
+pytestmark = pytest.mark.long  # conftest.py: started first
+
 
 def _check_time_split(summary: dict) -> None:
     """The time split is a split of the evaluation's wall time: its parts add up to the total."""

@@ -22,6 +22,8 @@ from birdtrain.plan import GB, KNOWN_MODELS, ModelShape, model_shape, plan, trai
 from birdtrain.stages.arguments import checkpointing_keyword
 from birdtrain.stages.precision import training_precision
 
+pytestmark = pytest.mark.long  # conftest.py: started first
+
 QWEN_7B = "Qwen/Qwen2.5-Coder-7B-Instruct"
 
 

@@ -29,6 +29,8 @@ from birdenv.tasks import Task, load_tasks
 from birdenv.tools import format_tool_call
 from tests.conftest import SHOP_TASKS, build_shop
 
+pytestmark = pytest.mark.long  # conftest.py: started first
+
 HERE = Path(__file__).parent
 CATALOGUE = HERE / "fixtures" / "hostile" / "catalogue.jsonl"
 CORPUS_DIR = HERE.parent.parent / "shared" / "data" / "bird-critic"

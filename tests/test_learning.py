@@ -33,7 +33,7 @@ from tests.conftest import SHOP_TASKS, build_shop
 
 pytest.importorskip("trl", reason="TRL is in the train extra")
 
-pytestmark = pytest.mark.learning
+pytestmark = [pytest.mark.learning, pytest.mark.long]  # long: conftest.py starts it first
 
 # A task whose gold and issue SQL differ by one word of a short statement (a cheap choice).
 TASK_IDS = ("shop_1",)

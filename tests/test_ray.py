@@ -30,7 +30,7 @@ from birdenv.tasks import load_bird, load_tasks, parse_task
 from birdenv.tools import format_tool_call
 from birdenv.vector import make_vec
 
-pytestmark = pytest.mark.private_network
+pytestmark = [pytest.mark.private_network, pytest.mark.long]  # long: conftest.py starts it first
 
 SMALL_DBS = ("hospital_records", "movie_platform")
 SQL = functools.partial(format_tool_call, "execute_sql")

@@ -16,6 +16,8 @@ from interrupting import birdtrain, foreground, interrupt_and_resume, wait_for
 
 from birdtrain.cli import main
 
+pytestmark = pytest.mark.long  # conftest.py: started first
+
 #: The smoke preset cut to one optimizer step of stage 1 and no evaluation: a run in seconds.
 STAGE1 = [
     "--preset",

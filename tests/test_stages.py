@@ -15,11 +15,14 @@ import pytest
 
 from birdenv.agents import OracleAgent, run_episode
 from birdenv.envs.critic import BirdCriticEnv
+from birdenv.schema import PromptOptions
 from birdenv.tasks import Task, load_tasks
 from birdenv.tools import TOOL_SCHEMAS, has_tool_call
 from birdtrain.config import CurriculumConfig, load_config
 from birdtrain.sampling import read_groups
 from tests.conftest import SHOP_TASKS, build_shop
+
+pytestmark = pytest.mark.long  # conftest.py: started first
 
 pytest.importorskip("trl", reason="TRL is in the train extra")
 
@@ -410,6 +413,11 @@ def test_sft_warns_of_targets_longer_than_the_later_generation_limit(
 
 
 # -- (b) stage 2 teaches the tiny model to call tools, on prompts it never saw ------------------
+#: The prompts of the stage-2 tests: the full schema without its sample rows, which were most of
+#: the tokens the tiny model trained on and taught it nothing.
+NO_ROWS = PromptOptions(sample_rows=False)
+
+
 def _rollout_first_turns(model_path: str, task_ids: list[str]) -> list[str]:
     """Greedy first assistant turn on each critic-mini task, through the stage-4 rollout path.
 
@@ -427,7 +435,11 @@ def _rollout_first_turns(model_path: str, task_ids: list[str]) -> list[str]:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     envs = make_vec(
-        len(task_ids), suite="critic-mini", asynchronous=False, vector_kwargs=VECTOR_KWARGS
+        len(task_ids),
+        suite="critic-mini",
+        asynchronous=False,
+        vector_kwargs=VECTOR_KWARGS,
+        prompt_options=NO_ROWS,
     )
     try:
         rollouts = collect(
@@ -466,7 +478,9 @@ def test_stage2_teaches_tool_calls_on_unseen_tasks(tmp_path: Path) -> None:
     from birdtrain.stages import sft
 
     base = resolve_model("tiny", cache=tmp_path / "models")
-    train = build_tool_trajectories(load_suite("gym-mini")[:4], max_turns=4, progress=False)
+    train = build_tool_trajectories(
+        load_suite("gym-mini")[:4], max_turns=4, progress=False, prompt=NO_ROWS
+    )
     assert len(train) == 4
     examples = [dict(e, messages=e["messages"][:2]) for e in train]
     held_out = [t.instance_id for t in load_suite("critic-mini")[:6]]

@@ -261,10 +261,13 @@ def _engine_cpus(pid: int, seen: dict[int, set[int]], stop: threading.Event) -> 
 def _eval(engine: str, out: Path, *extra: str) -> tuple[dict[str, Any], dict[int, bool], list[str]]:
     """``birdtrain eval`` on SmolLM2 with ``engine``, agent mode, two environments in worker
     processes; returns the summary, per worker whether vLLM was mapped in it, and the watch's
-    sightings (:func:`_vllm_children`)."""
+    sightings (:func:`_vllm_children`). The shortest prompts (table names, a quarter of the full
+    schema's tokens): what is checked is which processes exist, and the prompts' prefill was
+    most of the evaluation's time."""
     cmd = [
         *(sys.executable, "-m", "birdtrain", "eval", "--policy", "smollm"),
         *("--suite", "critic-mini", "--limit", str(TASKS), "--mode", "agent"),
+        *("--schema", "named", "--no-sample-rows"),
         *("--engine", engine, "--dtype", HALF, "--enforce-eager"),
         *("--max-turns", "2", "--max-new-tokens", "48", "--num-envs", "2", "--out", str(out)),
         *extra,
@@ -314,6 +317,7 @@ def test_an_isolated_evaluation_stops_its_engine_process_and_the_run_goes_on(
     argv = [
         *(sys.executable, "-m", "birdtrain", "curriculum", "--output-dir", str(tmp_path)),
         *("--preset", "smoke", "model.name_or_path=smollm", "isolate=true"),
+        *("prompt.schema=named", "prompt.sample_rows=false"),  # what is checked: the processes
         *(f"stage{i}.enabled=false" for i in range(1, 5)),
         *("eval.after=[]", "eval.max_tasks=1", "eval.train_tasks=0", "eval.modes=[single]"),
         *("eval.max_new_tokens=8", "eval.enforce_eager=true"),
@@ -360,7 +364,8 @@ def _evaluated(
     smollm: str, out: Path, engine: str, *, dtype: str = HALF, **settings: Any
 ) -> list[tuple[Any, ...]]:
     """The first critic-mini task evaluated at temperature 0 with ``engine``: its verdict and its
-    turns (action, observation, verdict)."""
+    turns (action, observation, verdict). Its prompt is the learning presets' kind, without the
+    sample rows (~1.2k tokens, where the rows made it 2.2k: most of either engine's time)."""
     from birdenv.tasks import load_tasks
     from birdtrain.evaluate import evaluate_policy
 
@@ -371,6 +376,7 @@ def _evaluated(
         engine=engine,
         engine_options={**EAGER, "max_model_len": 8192},
         dtype=dtype,
+        prompt={"sample_rows": False},
         **settings,
     )
     rows = [json.loads(line) for line in (out / "verdicts.jsonl").read_text().splitlines()]
@@ -415,8 +421,9 @@ AGENT = {"mode": "agent", "max_turns": 2, "max_new_tokens": 24, "num_envs": 1}
 def test_eval_agent_mode_vllm_equals_transformers_in_float32(smollm: str, tmp_path: Path) -> None:
     """One seeded task in agent mode at temperature 0, both engines in float32: the same episode
     (every turn's action and observation) and the same verdict under ``--engine vllm`` and
-    ``--engine transformers``. Measured on SmolLM2 and bank_finance_001 (2 turns of 48 tokens):
-    the engines' log-probs of the 96 generated tokens differ by at most 2.0e-5 (mean 2.3e-6)."""
+    ``--engine transformers``. Measured on SmolLM2 and bank_finance_001, its prompt with the sample
+    rows (2 turns of 48 tokens): the engines' log-probs of the 96 generated tokens differ by at
+    most 2.0e-5 (mean 2.3e-6)."""
     vllm = _evaluated(smollm, tmp_path / "vllm", "vllm", dtype="float32", **AGENT)
     assert vllm[0][1] in ("success", "failed") and len(vllm) == 1 + AGENT["max_turns"]
     assert vllm == _evaluated(
