@@ -21,6 +21,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from gpu_smoke_device import BUDGET_S, DRY_RUN_SLACK, carried_wheels  # noqa: E402
 
+pytestmark = pytest.mark.long  # conftest.py: started first
+
 
 def _wheel(folder: Path, name: str, version: str, *requires: str) -> Path:
     """A wheel holding only its METADATA (what the check reads)."""
